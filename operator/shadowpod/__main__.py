@@ -1,0 +1,5 @@
+"""``python -m shadowpod`` is the ``shadowpod`` command."""
+
+from shadowpod.cli.main import main
+
+main()

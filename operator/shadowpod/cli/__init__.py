@@ -1,0 +1,1 @@
+"""The ``shadowpod`` command line: one CLI for everything (subcommands per area)."""

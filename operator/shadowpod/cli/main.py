@@ -1,0 +1,21 @@
+"""Entry point of the ``shadowpod`` command."""
+
+from __future__ import annotations
+
+import click
+
+from shadowpod import __version__
+from shadowpod.cli.bench import bench
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="shadowpod")
+def cli() -> None:
+    """Shadowpod: move long-running AI agent sessions between pods while they keep serving."""
+
+
+cli.add_command(bench)
+
+
+def main() -> None:
+    cli()

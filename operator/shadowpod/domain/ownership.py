@@ -1,0 +1,32 @@
+"""The ownership record of a session: who may write, and whether it receives work.
+
+``epoch`` is the owner generation. Every owner write carries the epoch it was given;
+the store refuses a write whose epoch is not the current one (``Fenced``), in the same
+transaction as the write. ``fence`` is the ExchangeFence's first half: while it is
+``fenced`` the gateway stops delivering inbound entries to the owner (they keep being
+journaled), and the owner may still finish and journal the turn it is in.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class FenceState(StrEnum):
+    OPEN = "open"
+    FENCED = "fenced"
+
+
+class Ownership(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    epoch: int = Field(default=0, ge=0)
+    owner: str | None = Field(default=None, max_length=253)
+    fence: FenceState = FenceState.OPEN
+    fence_seq: int | None = Field(
+        default=None, description="Seq of the control entry that recorded the latest epoch."
+    )
+    updated: datetime | None = None

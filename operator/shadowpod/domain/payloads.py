@@ -1,0 +1,209 @@
+"""Typed payloads of the journal entry kinds (DESIGN.md §3).
+
+Every known kind has one payload model. Payloads forbid unknown fields so that a typo
+is rejected at the gateway with its field path instead of being journaled and
+silently ignored forever; free-form data goes into the explicit ``meta``/``args``/
+``value`` fields. Kinds this code does not know are accepted as plain JSON (a newer
+agent may write them) and kept by the reducer in the ``extensions`` bucket.
+
+Owner outputs carry ``turn``: the seq of the inbound entry whose processing produced
+them. That is how the journal records processing order, not only arrival order.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+
+class EntryKind(StrEnum):
+    MESSAGE = "message"
+    TOOL_CALL = "tool_call"
+    TOOL_RESULT = "tool_result"
+    MEMORY = "memory"
+    FACT = "fact"
+    SCHEDULE = "schedule"
+    PROCESS = "process"
+    CREDENTIAL = "credential"
+    STATE = "state"
+    ACK = "ack"
+    CONTROL = "control"
+
+
+class Payload(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TurnScoped(Payload):
+    turn: int | None = Field(
+        default=None, ge=1, description="Seq of the inbound entry this output belongs to."
+    )
+
+
+class Role(StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    SYSTEM = "system"
+
+
+class MessagePayload(TurnScoped):
+    role: Role
+    content: str = Field(max_length=1_000_000)
+    meta: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class ToolCallPayload(TurnScoped):
+    """The intent, journaled *before* the tool runs."""
+
+    call_id: str = Field(min_length=1, max_length=200)
+    tool: str = Field(min_length=1, max_length=200)
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    idempotent: bool = Field(
+        default=False, description="Safe to repeat when its outcome is unknown."
+    )
+
+
+class ToolStatus(StrEnum):
+    OK = "ok"
+    ERROR = "error"
+    # The new owner found an intent without a result and chose not to repeat it.
+    ABANDONED = "abandoned"
+
+
+class ToolResultPayload(TurnScoped):
+    call_id: str = Field(min_length=1, max_length=200)
+    status: ToolStatus = ToolStatus.OK
+    result: JsonValue = None
+    error: str | None = None
+
+
+class MemoryOp(StrEnum):
+    SET = "set"
+    DELETE = "delete"
+
+
+class MemoryPayload(TurnScoped):
+    key: str = Field(min_length=1, max_length=500)
+    op: MemoryOp = MemoryOp.SET
+    value: JsonValue = None
+
+
+class FactOp(StrEnum):
+    ADD = "add"
+    RETRACT = "retract"
+
+
+class FactPayload(TurnScoped):
+    """A durable fact: a correction or learned rule that must survive compaction."""
+
+    fact_id: str = Field(min_length=1, max_length=200)
+    op: FactOp = FactOp.ADD
+    text: str = Field(default="", max_length=100_000)
+
+
+class ScheduleOp(StrEnum):
+    SET = "set"
+    CANCEL = "cancel"
+    FIRE = "fire"
+
+
+class SchedulePayload(TurnScoped):
+    """Schedules belong to the session id; the gateway journals each ``fire``.
+
+    A fire is an inbound entry (epoch 0) whose id is derived from
+    ``(schedule_id, fire_no)``, so journal idempotency makes it exactly-once whoever
+    fires it.
+    """
+
+    # Short enough that the fire id ``schedule:<id>:<n>`` stays a valid entry id.
+    schedule_id: str = Field(min_length=1, max_length=150)
+    op: ScheduleOp
+    every_s: float | None = Field(default=None, gt=0)
+    content: str = Field(default="", max_length=100_000)
+    fire_no: int | None = Field(default=None, ge=1)
+
+
+class ProcessOp(StrEnum):
+    STARTED = "started"
+    EXITED = "exited"
+    TERMINATED = "terminated"
+    KILLED = "killed"
+
+
+class ProcessPayload(TurnScoped):
+    name: str = Field(min_length=1, max_length=200)
+    op: ProcessOp
+    command: list[str] = Field(default_factory=list)
+    pid: int | None = None
+    exit_code: int | None = None
+
+
+class CredentialOp(StrEnum):
+    BIND = "bind"
+    UNBIND = "unbind"
+
+
+class CredentialPayload(Payload):
+    """A credential *binding*: its name and where it comes from, never its value.
+
+    ``extra="forbid"`` is what keeps a secret value out of the journal: an entry that
+    tries to carry one is rejected.
+    """
+
+    name: str = Field(min_length=1, max_length=200)
+    op: CredentialOp = CredentialOp.BIND
+    secret_ref: str | None = Field(default=None, max_length=500)
+
+
+class StatePayload(TurnScoped):
+    """The agent's own structured state, journaled so that state stays a pure fold."""
+
+    values: dict[str, JsonValue] = Field(default_factory=dict)
+    replace: bool = False
+    schema_version: int = Field(default=1, ge=1)
+
+
+class AckPayload(Payload):
+    """The end of a turn: the owner has processed inbound entry ``turn``."""
+
+    turn: int = Field(ge=1)
+
+
+class ControlEvent(StrEnum):
+    SESSION_CREATED = "session_created"
+    FENCE = "fence"
+    UNFENCE = "unfence"
+    EPOCH = "epoch"
+    SNAPSHOT = "snapshot"
+    MIGRATION = "migration"
+
+
+class ControlPayload(Payload):
+    event: ControlEvent
+    epoch: int | None = Field(default=None, ge=0)
+    owner: str | None = None
+    reason: str | None = None
+    detail: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+PAYLOAD_MODELS: Final[dict[str, type[Payload]]] = {
+    EntryKind.MESSAGE: MessagePayload,
+    EntryKind.TOOL_CALL: ToolCallPayload,
+    EntryKind.TOOL_RESULT: ToolResultPayload,
+    EntryKind.MEMORY: MemoryPayload,
+    EntryKind.FACT: FactPayload,
+    EntryKind.SCHEDULE: SchedulePayload,
+    EntryKind.PROCESS: ProcessPayload,
+    EntryKind.CREDENTIAL: CredentialPayload,
+    EntryKind.STATE: StatePayload,
+    EntryKind.ACK: AckPayload,
+    EntryKind.CONTROL: ControlPayload,
+}
+
+
+def parse_payload(kind: str, payload: dict[str, Any]) -> Payload | None:
+    """The typed payload of a known kind, or ``None`` for a kind this code doesn't know."""
+    model = PAYLOAD_MODELS.get(kind)
+    return None if model is None else model.model_validate(payload)

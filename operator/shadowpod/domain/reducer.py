@@ -1,0 +1,333 @@
+"""The reducer: ``state = fold(snapshot, entries after it)`` (DESIGN.md §3 rule 5).
+
+``apply`` is pure and total: it never mutates its input and never raises on a
+well-formed ``JournalEntry``. Kinds it does not know, and payloads it cannot parse
+(written by a newer version), are kept in ``extensions`` rather than dropped.
+
+Processing order (rule 6): an inbound entry waits in ``pending`` until its turn
+starts — the first owner output that names it in ``turn``, or its ack — and only then
+enters the transcript. That way the transcript is what the owner actually saw, even
+when messages arrive mid-turn.
+
+``fold`` and ``StateFolder`` copy the state's containers once and then apply entries
+in place, so replaying *n* entries costs O(n), not O(n²).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Final
+
+from pydantic import ValidationError
+
+from shadowpod.domain.entries import JournalEntry, is_inbound
+from shadowpod.domain.payloads import (
+    AckPayload,
+    ControlEvent,
+    ControlPayload,
+    CredentialOp,
+    CredentialPayload,
+    EntryKind,
+    FactOp,
+    FactPayload,
+    MemoryOp,
+    MemoryPayload,
+    MessagePayload,
+    Payload,
+    ProcessOp,
+    ProcessPayload,
+    Role,
+    ScheduleOp,
+    SchedulePayload,
+    StatePayload,
+    ToolCallPayload,
+    ToolResultPayload,
+)
+from shadowpod.domain.state import (
+    CallStatus,
+    CredentialBinding,
+    ExtensionEntry,
+    Fact,
+    PendingInbound,
+    ProcessRecord,
+    ProcessStatus,
+    Schedule,
+    SessionState,
+    ToolCall,
+    TranscriptMessage,
+)
+
+
+def apply(state: SessionState, entry: JournalEntry) -> SessionState:
+    """The state after ``entry``. ``state`` is left untouched."""
+    return fold(state, (entry,))
+
+
+def fold(state: SessionState, entries: Iterable[JournalEntry]) -> SessionState:
+    """The state after all ``entries``. ``state`` is left untouched."""
+    folder = StateFolder(state)
+    folder.apply_all(entries)
+    return folder.release()
+
+
+class StateFolder:
+    """Applies entries in place to a private working copy of a state.
+
+    Used where entries keep coming (a shadow tailing the journal). Entries at or
+    below the watermark are already reflected and are skipped, so overlapping reads
+    are harmless.
+    """
+
+    def __init__(self, state: SessionState) -> None:
+        self._state = state.working_copy()
+
+    @property
+    def watermark(self) -> int:
+        return self._state.watermark
+
+    def view(self) -> SessionState:
+        """The current state, as a copy the caller may keep."""
+        return self._state.working_copy()
+
+    def release(self) -> SessionState:
+        """The current state itself; the folder must not be used afterwards."""
+        state, self._state = self._state, SessionState()
+        return state
+
+    def apply_all(self, entries: Iterable[JournalEntry]) -> None:
+        for entry in entries:
+            self.apply(entry)
+
+    def apply(self, entry: JournalEntry) -> None:
+        state = self._state
+        if entry.seq <= state.watermark:
+            return
+        handler = _HANDLERS.get(entry.kind)
+        if handler is None:
+            _keep_as_extension(state, entry, error=None)
+        else:
+            try:
+                payload = handler.model.model_validate(entry.payload)
+            except ValidationError as exc:
+                _keep_as_extension(state, entry, error=_short(exc))
+            else:
+                handler.fn(state, entry, payload)
+        state.watermark = entry.seq
+
+
+# --- handlers ---------------------------------------------------------------------------
+
+
+class _Handler:
+    __slots__ = ("fn", "model")
+
+    def __init__(
+        self,
+        model: type[Payload],
+        fn: Callable[[SessionState, JournalEntry, Payload], None],
+    ) -> None:
+        self.model = model
+        self.fn = fn
+
+
+def _start_turn(state: SessionState, turn: int | None) -> None:
+    if turn is None:
+        return
+    inbound = state.pending.pop(turn, None)
+    if inbound is not None:
+        state.transcript.append(
+            TranscriptMessage(
+                seq=inbound.seq,
+                role=inbound.role,
+                content=inbound.content,
+                turn=turn,
+                epoch=0,
+                meta=inbound.meta,
+            )
+        )
+
+
+def _message(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, MessagePayload)
+    if is_inbound(entry):
+        state.pending[entry.seq] = PendingInbound(
+            seq=entry.seq,
+            id=entry.id,
+            kind=entry.kind,
+            role=payload.role,
+            content=payload.content,
+            meta=payload.meta,
+        )
+        return
+    _start_turn(state, payload.turn)
+    state.transcript.append(
+        TranscriptMessage(
+            seq=entry.seq,
+            role=payload.role,
+            content=payload.content,
+            turn=payload.turn,
+            epoch=entry.epoch,
+            meta=payload.meta,
+        )
+    )
+
+
+def _tool_call(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, ToolCallPayload)
+    _start_turn(state, payload.turn)
+    state.tools.declared[payload.tool] = payload.idempotent
+    state.tools.calls[payload.call_id] = ToolCall(
+        call_id=payload.call_id,
+        tool=payload.tool,
+        args=payload.args,
+        idempotent=payload.idempotent,
+        turn=payload.turn,
+        intent_seq=entry.seq,
+    )
+
+
+def _tool_result(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, ToolResultPayload)
+    _start_turn(state, payload.turn)
+    # A result without a journaled intent is kept visible (tool "") rather than lost.
+    known = state.tools.calls.get(payload.call_id) or ToolCall(
+        call_id=payload.call_id, tool="", turn=payload.turn
+    )
+    state.tools.calls[payload.call_id] = known.model_copy(
+        update={
+            "status": CallStatus(payload.status.value),
+            "result": payload.result,
+            "error": payload.error,
+            "result_seq": entry.seq,
+        }
+    )
+
+
+def _memory(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, MemoryPayload)
+    _start_turn(state, payload.turn)
+    if payload.op is MemoryOp.DELETE:
+        state.memory.pop(payload.key, None)
+    else:
+        state.memory[payload.key] = payload.value
+
+
+def _fact(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, FactPayload)
+    _start_turn(state, payload.turn)
+    if payload.op is FactOp.RETRACT:
+        state.facts.pop(payload.fact_id, None)
+    else:
+        state.facts[payload.fact_id] = Fact(
+            fact_id=payload.fact_id, text=payload.text, seq=entry.seq
+        )
+
+
+def _schedule(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, SchedulePayload)
+    if payload.op is ScheduleOp.FIRE:
+        if is_inbound(entry):
+            state.pending[entry.seq] = PendingInbound(
+                seq=entry.seq,
+                id=entry.id,
+                kind=entry.kind,
+                role=Role.SYSTEM,
+                content=payload.content,
+                schedule_id=payload.schedule_id,
+            )
+        known = state.schedules.get(payload.schedule_id)
+        if known is not None and payload.fire_no is not None and payload.fire_no > known.fired:
+            state.schedules[payload.schedule_id] = known.model_copy(
+                update={"fired": payload.fire_no, "last_fire_seq": entry.seq}
+            )
+        return
+    _start_turn(state, payload.turn)
+    if payload.op is ScheduleOp.CANCEL:
+        state.schedules.pop(payload.schedule_id, None)
+    elif payload.every_s is not None:
+        state.schedules[payload.schedule_id] = Schedule(
+            schedule_id=payload.schedule_id,
+            every_s=payload.every_s,
+            content=payload.content,
+            anchor=entry.ts,
+            set_seq=entry.seq,
+        )
+
+
+def _process(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, ProcessPayload)
+    _start_turn(state, payload.turn)
+    if payload.op is ProcessOp.STARTED:
+        state.processes[payload.name] = ProcessRecord(
+            name=payload.name, command=payload.command, pid=payload.pid, started_seq=entry.seq
+        )
+        return
+    known = state.processes.get(payload.name) or ProcessRecord(name=payload.name)
+    state.processes[payload.name] = known.model_copy(
+        update={
+            "status": ProcessStatus(payload.op.value),
+            "exit_code": payload.exit_code,
+            "ended_seq": entry.seq,
+        }
+    )
+
+
+def _credential(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, CredentialPayload)
+    if payload.op is CredentialOp.UNBIND:
+        state.credentials.pop(payload.name, None)
+    else:
+        state.credentials[payload.name] = CredentialBinding(
+            name=payload.name, secret_ref=payload.secret_ref
+        )
+
+
+def _state(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, StatePayload)
+    _start_turn(state, payload.turn)
+    if payload.replace:
+        state.agent.values = dict(payload.values)
+    else:
+        state.agent.values.update(payload.values)
+    state.agent.schema_version = payload.schema_version
+
+
+def _ack(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, AckPayload)
+    _start_turn(state, payload.turn)
+    state.acked_turn = max(state.acked_turn, payload.turn)
+
+
+def _control(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+    assert isinstance(payload, ControlPayload)
+    if payload.event is ControlEvent.EPOCH and payload.epoch is not None:
+        state.epoch = payload.epoch
+
+
+def _keep_as_extension(state: SessionState, entry: JournalEntry, error: str | None) -> None:
+    state.extensions.append(
+        ExtensionEntry(
+            seq=entry.seq, kind=entry.kind, epoch=entry.epoch, payload=entry.payload, error=error
+        )
+    )
+
+
+def _short(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {first['msg']}" if where else str(first["msg"])
+
+
+_HANDLERS: Final[dict[str, _Handler]] = {
+    EntryKind.MESSAGE: _Handler(MessagePayload, _message),
+    EntryKind.TOOL_CALL: _Handler(ToolCallPayload, _tool_call),
+    EntryKind.TOOL_RESULT: _Handler(ToolResultPayload, _tool_result),
+    EntryKind.MEMORY: _Handler(MemoryPayload, _memory),
+    EntryKind.FACT: _Handler(FactPayload, _fact),
+    EntryKind.SCHEDULE: _Handler(SchedulePayload, _schedule),
+    EntryKind.PROCESS: _Handler(ProcessPayload, _process),
+    EntryKind.CREDENTIAL: _Handler(CredentialPayload, _credential),
+    EntryKind.STATE: _Handler(StatePayload, _state),
+    EntryKind.ACK: _Handler(AckPayload, _ack),
+    EntryKind.CONTROL: _Handler(ControlPayload, _control),
+}

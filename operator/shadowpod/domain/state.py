@@ -1,0 +1,184 @@
+"""Session state: the seven surfaces of DESIGN.md §1 as one versioned document.
+
+State is a pure fold of the journal (see ``shadowpod.domain.reducer``). Items inside
+the surfaces are frozen; the containers are owned by whoever folds, which is what
+lets a fold run in place without a copy per entry.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from shadowpod.domain.payloads import ProcessOp, Role, ToolStatus
+
+CURRENT_SCHEMA_VERSION: Final = 3
+
+
+class _Item(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TranscriptMessage(_Item):
+    seq: int
+    role: Role
+    content: str
+    turn: int | None = None
+    epoch: int = 0
+    meta: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class PendingInbound(_Item):
+    """An inbound entry whose turn has not started: the next owner must process it."""
+
+    seq: int
+    id: str
+    kind: str
+    role: Role = Role.USER
+    content: str = ""
+    schedule_id: str | None = None
+    meta: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class CallStatus(StrEnum):
+    PENDING = "pending"  # intent journaled, no result: an uncertain side effect
+    OK = ToolStatus.OK.value
+    ERROR = ToolStatus.ERROR.value
+    ABANDONED = ToolStatus.ABANDONED.value
+
+
+class ToolCall(_Item):
+    call_id: str
+    tool: str
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+    idempotent: bool = False
+    turn: int | None = None
+    intent_seq: int | None = None
+    status: CallStatus = CallStatus.PENDING
+    result: JsonValue = None
+    error: str | None = None
+    result_seq: int | None = None
+
+
+class ToolLedger(BaseModel):
+    """Which tools ran, with what, and what came back."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls: dict[str, ToolCall] = Field(default_factory=dict)
+    # Tool name -> declared idempotent (the latest declaration wins).
+    declared: dict[str, bool] = Field(default_factory=dict)
+
+    def uncertain(self) -> list[ToolCall]:
+        """Calls whose intent is journaled but whose outcome is not."""
+        return [call for call in self.calls.values() if call.status is CallStatus.PENDING]
+
+    def is_idempotent(self, tool: str) -> bool:
+        return self.declared.get(tool, False)
+
+
+class Schedule(_Item):
+    schedule_id: str
+    every_s: float
+    content: str = ""
+    anchor: datetime  # the ts of the entry that set it; fire n is due at anchor + n*every_s
+    set_seq: int
+    fired: int = 0  # the highest fire_no journaled
+    last_fire_seq: int | None = None
+
+
+class CredentialBinding(_Item):
+    """A credential the session needs, by name. Values never enter the state."""
+
+    name: str
+    secret_ref: str | None = None
+
+
+class ProcessStatus(StrEnum):
+    RUNNING = "running"
+    EXITED = ProcessOp.EXITED.value
+    TERMINATED = ProcessOp.TERMINATED.value
+    KILLED = ProcessOp.KILLED.value
+
+
+class ProcessRecord(_Item):
+    name: str
+    command: list[str] = Field(default_factory=list)
+    pid: int | None = None
+    status: ProcessStatus = ProcessStatus.RUNNING
+    exit_code: int | None = None
+    started_seq: int | None = None
+    ended_seq: int | None = None
+
+
+class Fact(_Item):
+    fact_id: str
+    text: str
+    seq: int
+
+
+class AgentState(BaseModel):
+    """The agent's own structured state (``state`` entries), in the agent's schema."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    values: dict[str, JsonValue] = Field(default_factory=dict)
+    schema_version: int = 1
+
+
+class ExtensionEntry(_Item):
+    """An entry of a kind this code does not know (or cannot parse): kept, never dropped."""
+
+    seq: int
+    kind: str
+    epoch: int
+    payload: dict[str, JsonValue] = Field(default_factory=dict)
+    error: str | None = None
+
+
+class SessionState(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = CURRENT_SCHEMA_VERSION
+    watermark: int = Field(default=0, ge=0, description="Seq of the last entry folded in.")
+    epoch: int = Field(default=0, ge=0, description="Owner epoch as of the watermark.")
+    acked_turn: int = Field(default=0, ge=0, description="Last inbound seq fully processed.")
+
+    transcript: list[TranscriptMessage] = Field(default_factory=list)
+    pending: dict[int, PendingInbound] = Field(default_factory=dict)
+    tools: ToolLedger = Field(default_factory=ToolLedger)
+    memory: dict[str, JsonValue] = Field(default_factory=dict)
+    schedules: dict[str, Schedule] = Field(default_factory=dict)
+    credentials: dict[str, CredentialBinding] = Field(default_factory=dict)
+    processes: dict[str, ProcessRecord] = Field(default_factory=dict)
+    facts: dict[str, Fact] = Field(default_factory=dict)
+    agent: AgentState = Field(default_factory=AgentState)
+    extensions: list[ExtensionEntry] = Field(default_factory=list)
+
+    def working_copy(self) -> SessionState:
+        """A copy whose containers may be mutated without touching ``self``.
+
+        Items are frozen and shared; only the containers are copied, so this is
+        proportional to the number of items, not to their size.
+        """
+        return self.model_copy(
+            update={
+                "transcript": list(self.transcript),
+                "pending": dict(self.pending),
+                "tools": ToolLedger.model_construct(
+                    calls=dict(self.tools.calls), declared=dict(self.tools.declared)
+                ),
+                "memory": dict(self.memory),
+                "schedules": dict(self.schedules),
+                "credentials": dict(self.credentials),
+                "processes": dict(self.processes),
+                "facts": dict(self.facts),
+                "agent": AgentState.model_construct(
+                    values=dict(self.agent.values), schema_version=self.agent.schema_version
+                ),
+                "extensions": list(self.extensions),
+            }
+        )

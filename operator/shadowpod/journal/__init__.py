@@ -1,0 +1,42 @@
+"""The session journal: an append-only, gap-free, per-session log with snapshots and
+the ownership record (DESIGN.md §3). One protocol (``JournalStore``), two backends:
+SQLite (embedded default) and PostgreSQL (several gateway replicas).
+"""
+
+from shadowpod.journal.errors import (
+    EpochConflict,
+    Fenced,
+    InvalidOwnership,
+    InvalidSnapshot,
+    JournalTruncated,
+    SessionExists,
+    SessionNotFound,
+    SnapshotNotFound,
+    StoreUnavailable,
+)
+from shadowpod.journal.store import (
+    Appended,
+    JournalStore,
+    Retention,
+    SessionInfo,
+    Snapshot,
+    SnapshotInfo,
+)
+
+__all__ = [
+    "Appended",
+    "EpochConflict",
+    "Fenced",
+    "InvalidOwnership",
+    "InvalidSnapshot",
+    "JournalStore",
+    "JournalTruncated",
+    "Retention",
+    "SessionExists",
+    "SessionInfo",
+    "SessionNotFound",
+    "Snapshot",
+    "SnapshotInfo",
+    "SnapshotNotFound",
+    "StoreUnavailable",
+]

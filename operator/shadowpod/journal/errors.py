@@ -1,0 +1,90 @@
+"""Errors of the journal store. Adapters map ``reason`` to HTTP statuses and conditions."""
+
+from __future__ import annotations
+
+from shadowpod.domain.errors import ShadowpodError
+from shadowpod.domain.ownership import Ownership
+
+
+class SessionNotFound(ShadowpodError, LookupError):
+    reason = "SessionNotFound"
+
+    def __init__(self, session: str) -> None:
+        self.session = session
+        super().__init__(f"session {session!r} does not exist; create it first")
+
+
+class SessionExists(ShadowpodError):
+    reason = "SessionExists"
+
+    def __init__(self, session: str) -> None:
+        self.session = session
+        super().__init__(f"session {session!r} already exists")
+
+
+class Fenced(ShadowpodError):
+    """An owner wrote with an epoch that is no longer the session's epoch."""
+
+    reason = "Fenced"
+
+    def __init__(self, session: str, *, epoch: int, current: int) -> None:
+        self.session = session
+        self.epoch = epoch
+        self.current = current
+        super().__init__(
+            f"session {session!r}: writes at epoch {epoch} are refused, the current epoch "
+            f"is {current}; this owner has been replaced and must stop"
+        )
+
+
+class EpochConflict(ShadowpodError):
+    """A compare-and-set of the ownership record expected another epoch."""
+
+    reason = "EpochConflict"
+
+    def __init__(self, session: str, *, expected: int, current: Ownership) -> None:
+        self.session = session
+        self.expected = expected
+        self.current = current
+        super().__init__(
+            f"session {session!r}: expected ownership epoch {expected}, found "
+            f"{current.epoch} (owner {current.owner!r}); re-read the ownership and retry"
+        )
+
+
+class JournalTruncated(ShadowpodError):
+    reason = "JournalTruncated"
+
+    def __init__(self, session: str, *, after: int, through: int) -> None:
+        self.session = session
+        self.after = after
+        self.through = through
+        super().__init__(
+            f"session {session!r}: entries up to seq {through} were removed by retention; "
+            f"reading after {after} is not possible — load a snapshot at or after seq "
+            f"{through} and read from its watermark"
+        )
+
+
+class SnapshotNotFound(ShadowpodError, LookupError):
+    reason = "SnapshotNotFound"
+
+    def __init__(self, session: str, watermark: int | None = None) -> None:
+        self.session = session
+        self.watermark = watermark
+        what = "snapshot" if watermark is None else f"snapshot at seq {watermark}"
+        super().__init__(f"session {session!r} has no {what}")
+
+
+class InvalidSnapshot(ShadowpodError, ValueError):
+    reason = "InvalidSnapshot"
+
+
+class StoreUnavailable(ShadowpodError):
+    """The database could not be reached; the operation did not happen and may be retried."""
+
+    reason = "StoreUnavailable"
+
+
+class InvalidOwnership(ShadowpodError, ValueError):
+    reason = "InvalidOwnership"

@@ -1,0 +1,331 @@
+"""The statements of every store operation on PostgreSQL, each run inside a transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import psycopg
+from psycopg import AsyncConnection
+from psycopg.rows import TupleRow
+from psycopg.types.json import Jsonb
+
+from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.ownership import FenceState, Ownership
+from shadowpod.journal import codec
+from shadowpod.journal.errors import (
+    EpochConflict,
+    Fenced,
+    InvalidSnapshot,
+    JournalTruncated,
+    SessionExists,
+    SessionNotFound,
+    SnapshotNotFound,
+)
+from shadowpod.journal.ownership import epoch_marker, validate_transition
+from shadowpod.journal.postgres.schema import FENCED_CODE, SESSION_NOT_FOUND_CODE
+from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
+
+Conn = AsyncConnection[TupleRow]
+
+_SESSION_COLUMNS: Final = (
+    "sid, name, created, meta, head, truncated_through, epoch, owner, fence, fence_seq, "
+    "ownership_updated"
+)
+
+
+def _session_info(row: TupleRow) -> SessionInfo:
+    return SessionInfo(
+        session=row[1], created=row[2], meta=row[3], head=row[4], truncated_through=row[5]
+    )
+
+
+def _ownership(row: TupleRow) -> Ownership:
+    return Ownership(
+        epoch=row[6], owner=row[7], fence=FenceState(row[8]), fence_seq=row[9], updated=row[10]
+    )
+
+
+def _entry(
+    seq: int, entry_id: str, kind: str, epoch: int, ts: datetime, payload: Any
+) -> JournalEntry:
+    return JournalEntry(seq, entry_id, kind, epoch, ts, payload)
+
+
+class Statements:
+    """SQL bound to one schema. Table names are interpolated from a checked schema name."""
+
+    def __init__(self, schema: str, channel: str, token: str) -> None:
+        self.s = schema
+        self.channel = channel
+        self.token = token
+
+    async def _row(self, conn: Conn, session: str, *, lock: bool) -> TupleRow:
+        query = f"SELECT {_SESSION_COLUMNS} FROM {self.s}.sessions WHERE name = %s"
+        if lock:
+            query += " FOR UPDATE"
+        row = await (await conn.execute(query, (session,))).fetchone()
+        if row is None:
+            raise SessionNotFound(session)
+        return row
+
+    async def _notify(self, conn: Conn, session: str) -> None:
+        await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, f"{self.token}:{session}"))
+
+    # --- sessions ---------------------------------------------------------------------
+
+    async def create_session(self, conn: Conn, session: str, meta: Jsonb) -> SessionInfo:
+        row = await (
+            await conn.execute(
+                f"INSERT INTO {self.s}.sessions (name, meta) VALUES (%s, %s) "
+                f"ON CONFLICT (name) DO NOTHING RETURNING {_SESSION_COLUMNS}",
+                (session, meta),
+            )
+        ).fetchone()
+        if row is None:
+            raise SessionExists(session)
+        return _session_info(row)
+
+    async def get_session(self, conn: Conn, session: str) -> SessionInfo:
+        return _session_info(await self._row(conn, session, lock=False))
+
+    async def list_sessions(self, conn: Conn) -> list[SessionInfo]:
+        cursor = await conn.execute(
+            f"SELECT {_SESSION_COLUMNS} FROM {self.s}.sessions ORDER BY name"
+        )
+        return [_session_info(row) for row in await cursor.fetchall()]
+
+    async def delete_session(self, conn: Conn, session: str) -> None:
+        sid = (await self._row(conn, session, lock=True))[0]
+        for table in ("entries", "acks", "snapshots", "sessions"):
+            await conn.execute(f"DELETE FROM {self.s}.{table} WHERE sid = %s", (sid,))
+        await self._notify(conn, session)
+
+    # --- journal ----------------------------------------------------------------------
+
+    async def append(
+        self,
+        conn: Conn,
+        session: str,
+        entries: Sequence[NewEntry],
+        owner_epoch: int | None,
+        committed: list[JournalEntry],
+    ) -> list[Appended]:
+        try:
+            rows = await (
+                await conn.execute(
+                    f"SELECT o_seq, o_duplicate, o_ts FROM {self.s}.append_entries"
+                    "(%s, %s, %s, %s, %s, %s, %s)",
+                    (
+                        session,
+                        owner_epoch,
+                        [entry.id for entry in entries],
+                        [entry.kind for entry in entries],
+                        [Jsonb(entry.payload) for entry in entries],
+                        self.channel,
+                        f"{self.token}:{session}",
+                    ),
+                )
+            ).fetchall()
+        except psycopg.Error as exc:
+            if exc.sqlstate == SESSION_NOT_FOUND_CODE:
+                raise SessionNotFound(session) from None
+            if exc.sqlstate == FENCED_CODE:
+                current = int(exc.diag.message_primary or -1)
+                raise Fenced(session, epoch=owner_epoch or 0, current=current) from None
+            raise
+        results: list[Appended] = []
+        epoch = 0 if owner_epoch is None else owner_epoch
+        for entry, (seq, duplicate, ts) in zip(entries, rows, strict=True):
+            results.append(Appended(seq=seq, id=entry.id, duplicate=duplicate))
+            if not duplicate:
+                committed.append(JournalEntry(seq, entry.id, entry.kind, epoch, ts, entry.payload))
+        return results
+
+    async def read(self, conn: Conn, session: str, after: int, limit: int) -> list[JournalEntry]:
+        # One statement, one snapshot: the truncation point and the entries agree.
+        rows = await (
+            await conn.execute(
+                f"SELECT s.truncated_through, e.seq, e.id, e.kind, e.epoch, e.ts, e.payload "
+                f"FROM {self.s}.sessions s LEFT JOIN LATERAL ("
+                f"  SELECT seq, id, kind, epoch, ts, payload FROM {self.s}.entries"
+                "   WHERE sid = s.sid AND seq > %s ORDER BY seq LIMIT %s"
+                ") e ON true WHERE s.name = %s",
+                (after, limit, session),
+            )
+        ).fetchall()
+        if not rows:
+            raise SessionNotFound(session)
+        truncated_through = rows[0][0]
+        if after < truncated_through:
+            raise JournalTruncated(session, after=after, through=truncated_through)
+        return [_entry(*row[1:]) for row in rows if row[1] is not None]
+
+    # --- ownership --------------------------------------------------------------------
+
+    async def get_ownership(self, conn: Conn, session: str) -> Ownership:
+        return _ownership(await self._row(conn, session, lock=False))
+
+    async def compare_and_set_ownership(
+        self,
+        conn: Conn,
+        session: str,
+        expect_epoch: int,
+        new: Ownership,
+        committed: list[JournalEntry],
+    ) -> Ownership:
+        row = await self._row(conn, session, lock=True)
+        current = _ownership(row)
+        if current.epoch != expect_epoch:
+            raise EpochConflict(session, expected=expect_epoch, current=current)
+        validate_transition(session, current, new)
+        sid, head, fence_seq = row[0], row[4], current.fence_seq
+        if new.epoch != current.epoch:
+            marker = epoch_marker(current, new)
+            head += 1
+            ts_row = await (
+                await conn.execute(
+                    f"INSERT INTO {self.s}.entries (sid, seq, id, kind, epoch, ts, payload) "
+                    "VALUES (%s, %s, %s, %s, %s, clock_timestamp(), %s) RETURNING ts",
+                    (sid, head, marker.id, marker.kind, new.epoch, Jsonb(marker.payload)),
+                )
+            ).fetchone()
+            assert ts_row is not None
+            committed.append(
+                _entry(head, marker.id, marker.kind, new.epoch, ts_row[0], marker.payload)
+            )
+            fence_seq = head
+            await self._notify(conn, session)
+        updated = await (
+            await conn.execute(
+                f"UPDATE {self.s}.sessions SET epoch = %s, owner = %s, fence = %s, "
+                "fence_seq = %s, head = %s, ownership_updated = clock_timestamp() "
+                f"WHERE sid = %s RETURNING {_SESSION_COLUMNS}",
+                (new.epoch, new.owner, new.fence.value, fence_seq, head, sid),
+            )
+        ).fetchone()
+        assert updated is not None
+        return _ownership(updated)
+
+    async def acks(self, conn: Conn, session: str) -> dict[int, int]:
+        sid = (await self._row(conn, session, lock=False))[0]
+        rows = await (
+            await conn.execute(
+                f"SELECT epoch, seq FROM {self.s}.acks WHERE sid = %s ORDER BY epoch", (sid,)
+            )
+        ).fetchall()
+        return dict(rows)
+
+    # --- snapshots --------------------------------------------------------------------
+
+    async def put_snapshot(
+        self, conn: Conn, session: str, watermark: int, schema_version: int, blob: bytes
+    ) -> SnapshotInfo:
+        row = await self._row(conn, session, lock=True)
+        if not 0 <= watermark <= row[4]:
+            raise InvalidSnapshot(
+                f"session {session!r}: snapshot watermark {watermark} is outside the journal "
+                f"(head is {row[4]}); a snapshot must reflect entries that exist"
+            )
+        created = await (
+            await conn.execute(
+                f"INSERT INTO {self.s}.snapshots (sid, watermark, schema_version, created, data) "
+                "VALUES (%s, %s, %s, clock_timestamp(), %s) ON CONFLICT (sid, watermark) DO UPDATE "
+                "SET schema_version = excluded.schema_version, created = excluded.created, "
+                "data = excluded.data RETURNING created",
+                (row[0], watermark, schema_version, blob),
+            )
+        ).fetchone()
+        assert created is not None
+        return SnapshotInfo(
+            session=session,
+            watermark=watermark,
+            schema_version=schema_version,
+            size_bytes=len(blob),
+            created=created[0],
+        )
+
+    async def get_snapshot(self, conn: Conn, session: str, watermark: int | None) -> Snapshot:
+        sid = (await self._row(conn, session, lock=False))[0]
+        where = "" if watermark is None else " AND watermark = %s"
+        params: tuple[Any, ...] = (sid,) if watermark is None else (sid, watermark)
+        row = await (
+            await conn.execute(
+                f"SELECT watermark, schema_version, created, data FROM {self.s}.snapshots "
+                f"WHERE sid = %s{where} ORDER BY watermark DESC LIMIT 1",
+                params,
+            )
+        ).fetchone()
+        if row is None:
+            raise SnapshotNotFound(session, watermark)
+        data = bytes(row[3])
+        info = SnapshotInfo(
+            session=session,
+            watermark=row[0],
+            schema_version=row[1],
+            size_bytes=len(data),
+            created=row[2],
+        )
+        return Snapshot(info=info, document=codec.decompress_document(data))
+
+    async def list_snapshots(self, conn: Conn, session: str) -> list[SnapshotInfo]:
+        sid = (await self._row(conn, session, lock=False))[0]
+        rows = await (
+            await conn.execute(
+                f"SELECT watermark, schema_version, created, octet_length(data) "
+                f"FROM {self.s}.snapshots WHERE sid = %s ORDER BY watermark",
+                (sid,),
+            )
+        ).fetchall()
+        return [
+            SnapshotInfo(session=session, watermark=w, schema_version=v, created=c, size_bytes=size)
+            for w, v, c, size in rows
+        ]
+
+    async def apply_retention(self, conn: Conn, session: str, keep_snapshots: int) -> Retention:
+        if keep_snapshots < 1:
+            raise ValueError(
+                "keep_snapshots must be at least 1: the journal needs a snapshot to stand on"
+            )
+        row = await self._row(conn, session, lock=True)
+        sid, truncated_through = row[0], row[5]
+        watermarks = [
+            w
+            for (w,) in await (
+                await conn.execute(
+                    f"SELECT watermark FROM {self.s}.snapshots WHERE sid = %s "
+                    "ORDER BY watermark DESC",
+                    (sid,),
+                )
+            ).fetchall()
+        ]
+        kept, dropped = watermarks[:keep_snapshots], watermarks[keep_snapshots:]
+        if dropped:
+            await conn.execute(
+                f"DELETE FROM {self.s}.snapshots WHERE sid = %s AND watermark <= %s",
+                (sid, dropped[0]),
+            )
+        deleted_entries = 0
+        if kept:
+            acked_row = await (
+                await conn.execute(f"SELECT max(seq) FROM {self.s}.acks WHERE sid = %s", (sid,))
+            ).fetchone()
+            acked = acked_row[0] if acked_row and acked_row[0] is not None else 0
+            through = min(kept[-1], acked)
+            if through > truncated_through:
+                cursor = await conn.execute(
+                    f"DELETE FROM {self.s}.entries WHERE sid = %s AND seq <= %s",
+                    (sid, through),
+                )
+                deleted_entries = cursor.rowcount
+                await conn.execute(
+                    f"UPDATE {self.s}.sessions SET truncated_through = %s WHERE sid = %s",
+                    (through, sid),
+                )
+                truncated_through = through
+        return Retention(
+            deleted_snapshots=len(dropped),
+            deleted_entries=deleted_entries,
+            truncated_through=truncated_through,
+        )

@@ -1,0 +1,389 @@
+"""The SQLite schema and the statements of every store operation.
+
+Functions here are synchronous and run on a connection owned by one thread: writes
+on the group-commit writer thread (inside its batch transaction), reads on the reader
+threads (inside a read transaction, for a consistent view).
+
+Write functions *check, then write*: every ``ShadowpodError`` they raise is raised
+before they change anything, because they share their transaction with the other
+writes of the batch (see ``writer.py``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.errors import SchemaTooNew
+from shadowpod.domain.ownership import FenceState, Ownership
+from shadowpod.domain.payloads import EntryKind
+from shadowpod.journal import codec
+from shadowpod.journal.errors import (
+    EpochConflict,
+    Fenced,
+    InvalidSnapshot,
+    JournalTruncated,
+    SessionExists,
+    SessionNotFound,
+    SnapshotNotFound,
+)
+from shadowpod.journal.ownership import epoch_marker, validate_transition
+from shadowpod.journal.sqlite.writer import WriteTx
+from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
+
+STORE_SCHEMA_VERSION: Final = 1
+
+_DDL: Final = """
+CREATE TABLE IF NOT EXISTS shadowpod_meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS sessions (
+    sid INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL UNIQUE,
+    created_us INTEGER NOT NULL,
+    meta BLOB NOT NULL,
+    head INTEGER NOT NULL DEFAULT 0,
+    truncated_through INTEGER NOT NULL DEFAULT 0,
+    epoch INTEGER NOT NULL DEFAULT 0,
+    owner TEXT,
+    fence TEXT NOT NULL DEFAULT 'open',
+    fence_seq INTEGER,
+    ownership_us INTEGER
+);
+CREATE TABLE IF NOT EXISTS entries (
+    pos INTEGER PRIMARY KEY,
+    sid INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    epoch INTEGER NOT NULL,
+    ts_us INTEGER NOT NULL,
+    payload BLOB NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS entries_by_seq ON entries (sid, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS entries_by_id ON entries (id, sid);
+CREATE TABLE IF NOT EXISTS acks (
+    sid INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    PRIMARY KEY (sid, epoch)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS snapshots (
+    sid INTEGER NOT NULL,
+    watermark INTEGER NOT NULL,
+    schema_version INTEGER NOT NULL,
+    created_us INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (sid, watermark)
+) WITHOUT ROWID;
+"""
+
+
+def init_schema(conn: sqlite3.Connection) -> None:
+    """Create the tables, or check that an existing database is one we can read."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        exists = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='shadowpod_meta'"
+        ).fetchone()
+        if exists:
+            row = conn.execute(
+                "SELECT value FROM shadowpod_meta WHERE key='schema_version'"
+            ).fetchone()
+            found = int(row[0]) if row else 0
+            if found > STORE_SCHEMA_VERSION:
+                raise SchemaTooNew(
+                    found=found, supported=STORE_SCHEMA_VERSION, what="journal database"
+                )
+        for statement in _DDL.split(";"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(
+            "INSERT OR IGNORE INTO shadowpod_meta (key, value) VALUES ('schema_version', ?)",
+            (str(STORE_SCHEMA_VERSION),),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+# --- sessions -----------------------------------------------------------------------------
+
+
+_SESSION_COLUMNS: Final = (
+    "sid, name, created_us, meta, head, truncated_through, epoch, owner, fence, fence_seq, "
+    "ownership_us"
+)
+
+
+def _session_row(conn: sqlite3.Connection, session: str) -> sqlite3.Row:
+    row: sqlite3.Row | None = conn.execute(
+        f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE name = ?", (session,)
+    ).fetchone()
+    if row is None:
+        raise SessionNotFound(session)
+    return row
+
+
+def _session_info(row: sqlite3.Row) -> SessionInfo:
+    return SessionInfo(
+        session=row["name"],
+        created=codec.from_us(row["created_us"]),
+        head=row["head"],
+        truncated_through=row["truncated_through"],
+        meta=codec.decode_payload(row["meta"]),
+    )
+
+
+def _ownership(row: sqlite3.Row) -> Ownership:
+    updated = row["ownership_us"]
+    return Ownership(
+        epoch=row["epoch"],
+        owner=row["owner"],
+        fence=FenceState(row["fence"]),
+        fence_seq=row["fence_seq"],
+        updated=None if updated is None else codec.from_us(updated),
+    )
+
+
+def create_session(tx: WriteTx, session: str, meta: Mapping[str, str]) -> SessionInfo:
+    conn = tx.conn
+    exists = conn.execute("SELECT 1 FROM sessions WHERE name = ?", (session,)).fetchone()
+    if exists:
+        raise SessionExists(session)
+    conn.execute(
+        "INSERT INTO sessions (name, created_us, meta) VALUES (?, ?, ?)",
+        (session, tx.now_us, codec.encode_payload(dict(meta))),
+    )
+    return _session_info(_session_row(conn, session))
+
+
+def get_session(conn: sqlite3.Connection, session: str) -> SessionInfo:
+    return _session_info(_session_row(conn, session))
+
+
+def list_sessions(conn: sqlite3.Connection) -> list[SessionInfo]:
+    rows = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY name").fetchall()
+    return [_session_info(row) for row in rows]
+
+
+def delete_session(tx: WriteTx, session: str) -> None:
+    sid = _session_row(tx.conn, session)["sid"]
+    for table in ("entries", "acks", "snapshots", "sessions"):
+        tx.conn.execute(f"DELETE FROM {table} WHERE sid = ?", (sid,))
+
+
+# --- journal ------------------------------------------------------------------------------
+
+
+def append(
+    tx: WriteTx, session: str, entries: Sequence[NewEntry], owner_epoch: int | None
+) -> list[Appended]:
+    conn = tx.conn
+    row = conn.execute(
+        "SELECT sid, head, epoch FROM sessions WHERE name = ?", (session,)
+    ).fetchone()
+    if row is None:
+        raise SessionNotFound(session)
+    sid, head, current_epoch = row
+    if owner_epoch is not None and owner_epoch != current_epoch:
+        raise Fenced(session, epoch=owner_epoch, current=current_epoch)
+    epoch = 0 if owner_epoch is None else owner_epoch
+    start = head
+    results: list[Appended] = []
+    for entry in entries:
+        seq = head + 1
+        cursor = conn.execute(
+            "INSERT INTO entries (sid, seq, id, kind, epoch, ts_us, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id, sid) DO NOTHING",
+            (sid, seq, entry.id, entry.kind, epoch, tx.now_us, codec.encode_payload(entry.payload)),
+        )
+        if cursor.rowcount == 0:
+            original = conn.execute(
+                "SELECT seq FROM entries WHERE id = ? AND sid = ?", (entry.id, sid)
+            ).fetchone()
+            results.append(Appended(seq=original[0], id=entry.id, duplicate=True))
+            continue
+        head = seq
+        results.append(Appended(seq=seq, id=entry.id))
+        tx.committed.append(JournalEntry(seq, entry.id, entry.kind, epoch, tx.now, entry.payload))
+        if entry.kind == EntryKind.ACK and owner_epoch is not None:
+            conn.execute(
+                "INSERT INTO acks (sid, epoch, seq) VALUES (?, ?, ?) "
+                "ON CONFLICT (sid, epoch) DO UPDATE SET seq = max(seq, excluded.seq)",
+                (sid, epoch, entry.payload["turn"]),
+            )
+    if head != start:
+        conn.execute("UPDATE sessions SET head = ? WHERE sid = ?", (head, sid))
+    return results
+
+
+def read(conn: sqlite3.Connection, session: str, after: int, limit: int) -> list[JournalEntry]:
+    row = _session_row(conn, session)
+    _check_not_truncated(session, row["truncated_through"], after)
+    cursor = conn.cursor()
+    cursor.row_factory = None  # plain tuples: this is the bulk path of replay
+    rows = cursor.execute(
+        "SELECT seq, id, kind, epoch, ts_us, payload FROM entries "
+        "WHERE sid = ? AND seq > ? ORDER BY seq LIMIT ?",
+        (row["sid"], after, limit),
+    ).fetchall()
+    return [codec.entry_from_row(*r) for r in rows]
+
+
+def _check_not_truncated(session: str, truncated_through: int, after: int) -> None:
+    if after < truncated_through:
+        raise JournalTruncated(session, after=after, through=truncated_through)
+
+
+def head(conn: sqlite3.Connection, session: str) -> int:
+    value: int = _session_row(conn, session)["head"]
+    return value
+
+
+# --- ownership ----------------------------------------------------------------------------
+
+
+def get_ownership(conn: sqlite3.Connection, session: str) -> Ownership:
+    return _ownership(_session_row(conn, session))
+
+
+def compare_and_set_ownership(
+    tx: WriteTx, session: str, expect_epoch: int, new: Ownership
+) -> Ownership:
+    conn = tx.conn
+    row = _session_row(conn, session)
+    current = _ownership(row)
+    if current.epoch != expect_epoch:
+        raise EpochConflict(session, expected=expect_epoch, current=current)
+    validate_transition(session, current, new)
+    fence_seq, head = current.fence_seq, row["head"]
+    if new.epoch != current.epoch:
+        marker = epoch_marker(current, new)
+        head += 1
+        payload = codec.encode_payload(marker.payload)
+        conn.execute(
+            "INSERT INTO entries (sid, seq, id, kind, epoch, ts_us, payload) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (row["sid"], head, marker.id, marker.kind, new.epoch, tx.now_us, payload),
+        )
+        tx.committed.append(
+            JournalEntry(head, marker.id, marker.kind, new.epoch, tx.now, marker.payload)
+        )
+        fence_seq = head
+    conn.execute(
+        "UPDATE sessions SET epoch = ?, owner = ?, fence = ?, fence_seq = ?, head = ?, "
+        "ownership_us = ? WHERE sid = ?",
+        (new.epoch, new.owner, new.fence.value, fence_seq, head, tx.now_us, row["sid"]),
+    )
+    return _ownership(_session_row(conn, session))
+
+
+def acks(conn: sqlite3.Connection, session: str) -> dict[int, int]:
+    sid = _session_row(conn, session)["sid"]
+    rows = conn.execute("SELECT epoch, seq FROM acks WHERE sid = ? ORDER BY epoch", (sid,))
+    return dict(rows)
+
+
+# --- snapshots ----------------------------------------------------------------------------
+
+
+def put_snapshot(
+    tx: WriteTx, session: str, watermark: int, schema_version: int, blob: bytes
+) -> SnapshotInfo:
+    row = _session_row(tx.conn, session)
+    if not 0 <= watermark <= row["head"]:
+        raise InvalidSnapshot(
+            f"session {session!r}: snapshot watermark {watermark} is outside the journal "
+            f"(head is {row['head']}); a snapshot must reflect entries that exist"
+        )
+    tx.conn.execute(
+        "INSERT OR REPLACE INTO snapshots (sid, watermark, schema_version, created_us, data) "
+        "VALUES (?, ?, ?, ?, ?)",
+        (row["sid"], watermark, schema_version, tx.now_us, blob),
+    )
+    return SnapshotInfo(
+        session=session,
+        watermark=watermark,
+        schema_version=schema_version,
+        size_bytes=len(blob),
+        created=tx.now,
+    )
+
+
+_SNAPSHOT_COLUMNS: Final = "watermark, schema_version, created_us, length(data) AS size"
+
+
+def _snapshot_info(session: str, row: sqlite3.Row) -> SnapshotInfo:
+    return SnapshotInfo(
+        session=session,
+        watermark=row["watermark"],
+        schema_version=row["schema_version"],
+        size_bytes=row["size"],
+        created=codec.from_us(row["created_us"]),
+    )
+
+
+def get_snapshot(conn: sqlite3.Connection, session: str, watermark: int | None) -> Snapshot:
+    sid = _session_row(conn, session)["sid"]
+    if watermark is None:
+        row = conn.execute(
+            f"SELECT {_SNAPSHOT_COLUMNS}, data FROM snapshots WHERE sid = ? "
+            "ORDER BY watermark DESC LIMIT 1",
+            (sid,),
+        ).fetchone()
+    else:
+        row = conn.execute(
+            f"SELECT {_SNAPSHOT_COLUMNS}, data FROM snapshots WHERE sid = ? AND watermark = ?",
+            (sid, watermark),
+        ).fetchone()
+    if row is None:
+        raise SnapshotNotFound(session, watermark)
+    return Snapshot(
+        info=_snapshot_info(session, row), document=codec.decompress_document(row["data"])
+    )
+
+
+def list_snapshots(conn: sqlite3.Connection, session: str) -> list[SnapshotInfo]:
+    sid = _session_row(conn, session)["sid"]
+    rows = conn.execute(
+        f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE sid = ? ORDER BY watermark", (sid,)
+    ).fetchall()
+    return [_snapshot_info(session, row) for row in rows]
+
+
+def apply_retention(tx: WriteTx, session: str, keep_snapshots: int) -> Retention:
+    conn = tx.conn
+    if keep_snapshots < 1:
+        raise ValueError(
+            "keep_snapshots must be at least 1: the journal needs a snapshot to stand on"
+        )
+    row = _session_row(conn, session)
+    sid, truncated_through = row["sid"], row["truncated_through"]
+    watermarks = [
+        w
+        for (w,) in conn.execute(
+            "SELECT watermark FROM snapshots WHERE sid = ? ORDER BY watermark DESC", (sid,)
+        )
+    ]
+    kept, dropped = watermarks[:keep_snapshots], watermarks[keep_snapshots:]
+    if dropped:
+        conn.execute("DELETE FROM snapshots WHERE sid = ? AND watermark <= ?", (sid, dropped[0]))
+    deleted_entries = 0
+    if kept:
+        acked = conn.execute("SELECT max(seq) FROM acks WHERE sid = ?", (sid,)).fetchone()[0]
+        through = min(kept[-1], acked or 0)
+        if through > truncated_through:
+            cursor = conn.execute("DELETE FROM entries WHERE sid = ? AND seq <= ?", (sid, through))
+            deleted_entries = cursor.rowcount
+            conn.execute("UPDATE sessions SET truncated_through = ? WHERE sid = ?", (through, sid))
+            truncated_through = through
+    return Retention(
+        deleted_snapshots=len(dropped),
+        deleted_entries=deleted_entries,
+        truncated_through=truncated_through,
+    )

@@ -1,0 +1,259 @@
+"""The embedded journal store: SQLite in WAL mode, one writer process, many readers.
+
+Writes go through the group-commit writer thread; reads run on a small pool of
+reader threads with their own connections (WAL lets them read while the writer
+commits). ``follow`` is served from the in-process follower hub; readers in other
+processes notice commits by polling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Final, TypeVar
+
+from shadowpod.domain.entries import JournalEntry, NewEntry, check_session_id
+from shadowpod.domain.ownership import Ownership
+from shadowpod.journal import codec
+from shadowpod.journal.errors import SnapshotNotFound
+from shadowpod.journal.followers import FollowerHub, follow_journal
+from shadowpod.journal.sqlite import sql
+from shadowpod.journal.sqlite.checkpointer import Checkpointer
+from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
+from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
+
+T = TypeVar("T")
+
+READ_THREADS: Final = 4
+FOLLOW_BATCH: Final = 1000
+# How often a follower re-reads when nothing was committed in this process. Commits in
+# this process wake followers at once; this only bounds the delay for other writers.
+FOLLOW_POLL_S: Final = 0.1
+BUSY_TIMEOUT_MS: Final = 10_000
+# The writer's own checkpoint threshold (pages), a backstop for the checkpointer thread.
+WRITER_AUTOCHECKPOINT_PAGES: Final = 20_000
+# After a checkpoint resets the WAL, its file is cut back to this size.
+WAL_SIZE_LIMIT: Final = 64 * 1024 * 1024
+CACHE_KIB: Final = 64 * 1024
+
+
+class SQLiteJournalStore:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        read_threads: int = READ_THREADS,
+        follow_poll_s: float = FOLLOW_POLL_S,
+    ) -> None:
+        if str(path) in ("", ":memory:"):
+            raise ValueError(
+                "the SQLite journal needs a file path: an in-memory database cannot be "
+                "shared by the writer and reader connections"
+            )
+        self.path = Path(path)
+        self._read_threads = read_threads
+        self._follow_poll_s = follow_poll_s
+        self._hub = FollowerHub()
+        self._writer: GroupCommitWriter | None = None
+        self._checkpointer: Checkpointer | None = None
+        self._readers: ThreadPoolExecutor | None = None
+        self._reader_local = threading.local()
+        self._reader_conns: list[sqlite3.Connection] = []
+        self._reader_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"SQLiteJournalStore({str(self.path)!r})"
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(self._init_schema)
+        self._writer = GroupCommitWriter(
+            self._connect_writer, asyncio.get_running_loop(), self._hub.publish
+        )
+        self._writer.start()
+        self._checkpointer = Checkpointer(self._connect)
+        self._checkpointer.start()
+        self._readers = ThreadPoolExecutor(
+            max_workers=self._read_threads, thread_name_prefix="shadowpod-sqlite-read"
+        )
+
+    async def close(self) -> None:
+        self._hub.wake_all()
+        if self._writer is not None:
+            await asyncio.to_thread(self._writer.stop)
+            self._writer = None
+        if self._checkpointer is not None:
+            await asyncio.to_thread(self._checkpointer.stop)
+            self._checkpointer = None
+        if self._readers is not None:
+            self._readers.shutdown(wait=True)
+            self._readers = None
+        with self._reader_lock:
+            for conn in self._reader_conns:
+                conn.close()
+            self._reader_conns.clear()
+
+    async def __aenter__(self) -> SQLiteJournalStore:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT_MS / 1000
+        )
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA journal_mode=WAL")
+        # FULL in WAL mode syncs the WAL at every commit: an acknowledged append survives
+        # a power cut, not only a process crash.
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+        conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+        return conn
+
+    def _connect_writer(self) -> sqlite3.Connection:
+        conn = self._connect()
+        conn.execute(f"PRAGMA wal_autocheckpoint={WRITER_AUTOCHECKPOINT_PAGES}")
+        conn.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+        return conn
+
+    def _init_schema(self) -> None:
+        conn = self._connect()
+        try:
+            sql.init_schema(conn)
+        finally:
+            conn.close()
+
+    # --- plumbing ---------------------------------------------------------------------
+
+    async def _write(self, session: str, fn: Callable[[WriteTx], T]) -> T:
+        if self._writer is None:
+            raise RuntimeError(f"{self!r} is not open")
+        return await self._writer.submit(session, fn)
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        if self._readers is None:
+            raise RuntimeError(f"{self!r} is not open")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, self._in_read_tx, fn)
+
+    def _in_read_tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn: sqlite3.Connection | None = getattr(self._reader_local, "conn", None)
+        if conn is None:
+            conn = self._connect()
+            conn.execute("PRAGMA query_only=ON")
+            self._reader_local.conn = conn
+            with self._reader_lock:
+                self._reader_conns.append(conn)
+        conn.execute("BEGIN")
+        try:
+            return fn(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    # --- sessions ---------------------------------------------------------------------
+
+    async def create_session(
+        self, session: str, *, meta: Mapping[str, str] | None = None
+    ) -> SessionInfo:
+        check_session_id(session)
+        return await self._write(session, lambda tx: sql.create_session(tx, session, meta or {}))
+
+    async def get_session(self, session: str) -> SessionInfo:
+        return await self._read(lambda conn: sql.get_session(conn, session))
+
+    async def list_sessions(self) -> list[SessionInfo]:
+        return await self._read(sql.list_sessions)
+
+    async def delete_session(self, session: str) -> None:
+        await self._write(session, lambda tx: sql.delete_session(tx, session))
+        self._hub.wake(session)
+
+    # --- journal ----------------------------------------------------------------------
+
+    async def append(
+        self, session: str, entries: Sequence[NewEntry], owner_epoch: int | None = None
+    ) -> list[Appended]:
+        if not entries:
+            await self.head(session)  # a missing session is an error even for no entries
+            return []
+        batch = tuple(entries)
+        return await self._write(session, lambda tx: sql.append(tx, session, batch, owner_epoch))
+
+    async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
+        _check_read_args(after, limit)
+        return await self._read(lambda conn: sql.read(conn, session, after, limit))
+
+    def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]:
+        _check_read_args(after, 1)
+        return follow_journal(
+            self._hub,
+            session,
+            after,
+            functools.partial(self.read, session),
+            batch_limit=FOLLOW_BATCH,
+            poll_interval=self._follow_poll_s,
+        )
+
+    async def head(self, session: str) -> int:
+        return await self._read(lambda conn: sql.head(conn, session))
+
+    # --- ownership --------------------------------------------------------------------
+
+    async def get_ownership(self, session: str) -> Ownership:
+        return await self._read(lambda conn: sql.get_ownership(conn, session))
+
+    async def compare_and_set_ownership(
+        self, session: str, expect_epoch: int, new: Ownership
+    ) -> Ownership:
+        return await self._write(
+            session, lambda tx: sql.compare_and_set_ownership(tx, session, expect_epoch, new)
+        )
+
+    async def acks(self, session: str) -> dict[int, int]:
+        return await self._read(lambda conn: sql.acks(conn, session))
+
+    # --- snapshots --------------------------------------------------------------------
+
+    async def put_snapshot(
+        self, session: str, *, watermark: int, schema_version: int, document: Mapping[str, Any]
+    ) -> SnapshotInfo:
+        # Compressed here, on the caller's side, so a large snapshot does not hold up
+        # the writer thread (and with it every other session's appends).
+        blob = await asyncio.to_thread(codec.compress_document, document)
+        return await self._write(
+            session, lambda tx: sql.put_snapshot(tx, session, watermark, schema_version, blob)
+        )
+
+    async def get_snapshot(self, session: str, watermark: int) -> Snapshot:
+        return await self._read(lambda conn: sql.get_snapshot(conn, session, watermark))
+
+    async def latest_snapshot(self, session: str) -> Snapshot | None:
+        try:
+            return await self._read(lambda conn: sql.get_snapshot(conn, session, None))
+        except SnapshotNotFound:
+            return None
+
+    async def list_snapshots(self, session: str) -> list[SnapshotInfo]:
+        return await self._read(lambda conn: sql.list_snapshots(conn, session))
+
+    async def apply_retention(self, session: str, *, keep_snapshots: int) -> Retention:
+        return await self._write(
+            session, lambda tx: sql.apply_retention(tx, session, keep_snapshots)
+        )
+
+
+def _check_read_args(after: int, limit: int) -> None:
+    if after < 0:
+        raise ValueError(f"after must be 0 or a seq, got {after}")
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")

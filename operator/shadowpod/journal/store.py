@@ -1,0 +1,131 @@
+"""The ``JournalStore`` protocol and the values it trades in.
+
+Guarantees every backend gives (checked by the shared contract suite in
+``tests/journal/``):
+
+- ``append`` assigns gap-free seqs from 1 per session; an entry whose ``id`` was
+  appended before returns the original seq and appends nothing; with ``owner_epoch``
+  the epoch check and the write happen in one transaction (``Fenced`` otherwise); the
+  entries are durable before ``append`` returns.
+- An appended ``ack`` entry written by an owner moves that epoch's ack watermark in
+  the same transaction.
+- A compare-and-set that changes the epoch journals a ``control``/``epoch`` entry in
+  the same transaction and records its seq as ``fence_seq``: from that seq on, the
+  old owner can write nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.ownership import Ownership
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    seq: int
+    id: str
+    duplicate: bool = False
+
+
+class SessionInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    session: str
+    created: datetime
+    head: int = 0
+    truncated_through: int = 0
+    meta: dict[str, str] = Field(default_factory=dict)
+
+
+class SnapshotInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    session: str
+    watermark: int
+    schema_version: int
+    size_bytes: int = Field(description="Compressed size as stored.")
+    created: datetime
+
+
+class Snapshot(BaseModel):
+    """Full session state at ``watermark``, as the JSON document of its schema version."""
+
+    model_config = ConfigDict(frozen=True)
+
+    info: SnapshotInfo
+    document: dict[str, Any]
+
+
+class Retention(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    deleted_snapshots: int
+    deleted_entries: int
+    truncated_through: int
+
+
+class JournalStore(Protocol):
+    """Per-session journal, snapshots and ownership record."""
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    # sessions
+    async def create_session(
+        self, session: str, *, meta: Mapping[str, str] | None = None
+    ) -> SessionInfo: ...
+
+    async def get_session(self, session: str) -> SessionInfo: ...
+
+    async def list_sessions(self) -> list[SessionInfo]: ...
+
+    async def delete_session(self, session: str) -> None: ...
+
+    # journal
+    async def append(
+        self, session: str, entries: Sequence[NewEntry], owner_epoch: int | None = None
+    ) -> list[Appended]: ...
+
+    async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]: ...
+
+    def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]: ...
+
+    async def head(self, session: str) -> int: ...
+
+    # ownership
+    async def get_ownership(self, session: str) -> Ownership: ...
+
+    async def compare_and_set_ownership(
+        self, session: str, expect_epoch: int, new: Ownership
+    ) -> Ownership: ...
+
+    async def acks(self, session: str) -> dict[int, int]:
+        """Ack watermark (last processed inbound seq) per owner epoch."""
+        ...
+
+    # snapshots
+    async def put_snapshot(
+        self, session: str, *, watermark: int, schema_version: int, document: Mapping[str, Any]
+    ) -> SnapshotInfo: ...
+
+    async def get_snapshot(self, session: str, watermark: int) -> Snapshot: ...
+
+    async def latest_snapshot(self, session: str) -> Snapshot | None: ...
+
+    async def list_snapshots(self, session: str) -> list[SnapshotInfo]: ...
+
+    async def apply_retention(self, session: str, *, keep_snapshots: int) -> Retention:
+        """Keep the newest ``keep_snapshots`` snapshots; truncate the journal they cover.
+
+        Entries are removed up to the oldest kept snapshot's watermark, but never past
+        the last acked turn: inbound entries still waiting for an owner stay.
+        """
+        ...

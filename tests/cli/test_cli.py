@@ -1,0 +1,82 @@
+"""The ``shadowpod`` command, run as a real process."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from shadowpod import __version__
+from tests.conftest import postgres_unavailable
+
+
+def shadowpod(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "shadowpod", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_version() -> None:
+    result = shadowpod("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"shadowpod, version {__version__}"
+
+
+def test_help_lists_the_subcommands() -> None:
+    result = shadowpod("--help")
+    assert result.returncode == 0
+    assert "bench" in result.stdout
+
+
+def test_an_unknown_option_is_a_usage_error() -> None:
+    result = shadowpod("bench", "journal", "--backend", "mongodb")
+    assert result.returncode == 2
+    assert "'mongodb' is not one of 'sqlite', 'postgres'" in result.stderr
+
+
+REQUIRED_KEYS = {
+    "backend",
+    "appends_per_s",
+    "append_latency_ms",
+    "follow_latency_ms",
+    "replay_entries_per_s",
+    "turn_cost_ms_p50_by_length",
+    "bytes_per_entry",
+}
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_bench_journal_prints_one_json_object_with_the_figures(backend: str) -> None:
+    if backend == "postgres" and (reason := postgres_unavailable()):
+        pytest.skip(reason)
+    result = shadowpod("bench", "journal", "--quick", "--json", "--backend", backend)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report.keys() >= REQUIRED_KEYS
+    assert report["backend"] == backend
+    assert set(report["append_latency_ms"]) == {"p50", "p99"}
+    assert set(report["follow_latency_ms"]) == {"p50", "p99"}
+    assert list(report["turn_cost_ms_p50_by_length"]) == ["10", "100", "1000"]
+    assert report["appends_per_s"] > 0 and report["replay_entries_per_s"] > 0
+    sizes = list(report["db_bytes_by_length"].values())
+    assert sizes == sorted(sizes)  # the database grows as the session does
+
+
+def test_bench_journal_says_why_it_cannot_reach_postgres() -> None:
+    result = shadowpod(
+        "bench",
+        "journal",
+        "--quick",
+        "--backend",
+        "postgres",
+        "--dsn",
+        "postgresql://127.0.0.1:1/x",
+    )
+    assert result.returncode == 2
+    assert "could not run" in result.stderr and "cannot reach PostgreSQL" in result.stderr

@@ -1,0 +1,63 @@
+"""Shared fixtures: journal stores on both backends."""
+
+from __future__ import annotations
+
+import functools
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from shadowpod.journal.postgres.store import PostgresJournalStore
+from shadowpod.journal.sqlite.store import SQLiteJournalStore
+from shadowpod.journal.store import JournalStore
+
+PG_DSN = os.environ.get("SHADOWPOD_TEST_PG", "postgresql://127.0.0.1:5432/test")
+
+StoreFactory = Callable[[], JournalStore]
+
+
+@functools.cache
+def postgres_unavailable() -> str | None:
+    """Why PostgreSQL tests cannot run here, or ``None`` when they can."""
+    try:
+        psycopg.connect(PG_DSN, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        return f"no PostgreSQL answers at {PG_DSN} (set SHADOWPOD_TEST_PG): {exc}"
+    return None
+
+
+def drop_pg_schema(schema: str) -> None:
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")  # test-made name
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    if name == "postgres" and (reason := postgres_unavailable()):
+        pytest.skip(reason)
+    return name
+
+
+@pytest.fixture
+def store_factory(backend: str, tmp_path: Path) -> Iterator[StoreFactory]:
+    """Makes (unopened) handles on one database: several handles act like several processes."""
+    if backend == "sqlite":
+        path = tmp_path / "journal.db"
+        yield lambda: SQLiteJournalStore(path)
+        return
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    yield lambda: PostgresJournalStore(PG_DSN, schema=schema)
+    drop_pg_schema(schema)
+
+
+@pytest.fixture
+async def store(store_factory: StoreFactory) -> AsyncIterator[JournalStore]:
+    opened = store_factory()
+    await opened.open()
+    yield opened
+    await opened.close()

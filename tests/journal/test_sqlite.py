@@ -1,0 +1,134 @@
+"""SQLite-only behaviour: durability settings, refusal of newer databases, group commit."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from shadowpod.domain.entries import NewEntry
+from shadowpod.domain.errors import SchemaTooNew
+from shadowpod.journal.errors import SessionNotFound
+from shadowpod.journal.factory import store_from_url
+from shadowpod.journal.postgres.store import PostgresJournalStore
+from shadowpod.journal.sqlite.store import SQLiteJournalStore
+from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
+
+
+async def test_the_database_is_in_wal_mode_with_full_sync(tmp_path: Path) -> None:
+    async with SQLiteJournalStore(tmp_path / "j.db") as store:
+        await store.create_session("s")
+    conn = sqlite3.connect(tmp_path / "j.db")
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    conn.close()
+
+
+async def test_a_database_written_by_a_newer_shadowpod_is_refused(tmp_path: Path) -> None:
+    async with SQLiteJournalStore(tmp_path / "j.db"):
+        pass
+    conn = sqlite3.connect(tmp_path / "j.db")
+    conn.execute("UPDATE shadowpod_meta SET value = '9' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(SchemaTooNew, match="journal database has schema v9.*up to v1"):
+        await SQLiteJournalStore(tmp_path / "j.db").open()
+
+
+async def test_the_directory_is_created(tmp_path: Path) -> None:
+    async with SQLiteJournalStore(tmp_path / "deep" / "er" / "j.db") as store:
+        await store.create_session("s")
+    assert (tmp_path / "deep" / "er" / "j.db").exists()
+
+
+def test_an_in_memory_database_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match="needs a file path"):
+        SQLiteJournalStore(":memory:")
+
+
+async def test_a_closed_store_says_so(tmp_path: Path) -> None:
+    store = SQLiteJournalStore(tmp_path / "j.db")
+    with pytest.raises(RuntimeError, match="not open"):
+        await store.head("s")
+
+
+async def test_one_failing_write_does_not_take_its_batch_down(tmp_path: Path) -> None:
+    loop = asyncio.get_running_loop()
+    committed: list[str] = []
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(tmp_path / "w.db", isolation_level=None, check_same_thread=False)
+        conn.execute("CREATE TABLE IF NOT EXISTS t (v TEXT NOT NULL)")
+        return conn
+
+    def insert(value: str) -> object:
+        def write(tx: WriteTx) -> str:
+            tx.conn.execute("INSERT INTO t (v) VALUES (?)", (value,))
+            return value
+
+        return write
+
+    def broken(tx: WriteTx) -> None:
+        tx.conn.execute("INSERT INTO t (v) VALUES ('half-done')")
+        raise RuntimeError("bug in a write")
+
+    def missing(tx: WriteTx) -> None:
+        raise SessionNotFound("x")  # an expected error, raised before writing
+
+    writer = GroupCommitWriter(connect, loop, lambda session, entries: committed.append(session))
+    writer.start()
+    try:
+        futures = [writer.submit("s", insert(f"v{n}")) for n in range(5)]  # type: ignore[arg-type]
+        futures.insert(2, writer.submit("s", broken))
+        futures.insert(4, writer.submit("s", missing))
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    finally:
+        writer.stop()
+    assert [type(o).__name__ if isinstance(o, Exception) else o for o in outcomes] == [
+        "v0",
+        "v1",
+        "RuntimeError",
+        "v2",
+        "SessionNotFound",
+        "v3",
+        "v4",
+    ]
+    conn = sqlite3.connect(tmp_path / "w.db")
+    assert [v for (v,) in conn.execute("SELECT v FROM t ORDER BY rowid")] == [
+        f"v{n}" for n in range(5)
+    ]
+    conn.close()
+
+
+async def test_a_caller_that_stops_waiting_does_not_undo_its_append(tmp_path: Path) -> None:
+    async with SQLiteJournalStore(tmp_path / "j.db") as store:
+        await store.create_session("s")
+        task = asyncio.create_task(
+            store.append(
+                "s", [NewEntry(id="x", kind="message", payload={"role": "user", "content": "c"})]
+            )
+        )
+        await asyncio.sleep(0)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        for _ in range(100):
+            if await store.head("s") == 1:
+                break
+            await asyncio.sleep(0.01)
+        assert [e.id for e in await store.read("s")] == ["x"]
+
+
+def test_store_urls() -> None:
+    sqlite_store = store_from_url("sqlite:///var/lib/shadowpod/journal.db")
+    assert isinstance(sqlite_store, SQLiteJournalStore)
+    assert sqlite_store.path == Path("/var/lib/shadowpod/journal.db")
+    relative = store_from_url("sqlite:data/j.db")
+    assert isinstance(relative, SQLiteJournalStore) and relative.path == Path("data/j.db")
+    pg = store_from_url("postgresql://db:5432/app?shadowpod_schema=agents&sslmode=require")
+    assert isinstance(pg, PostgresJournalStore)
+    assert (pg.dsn, pg.schema) == ("postgresql://db:5432/app?sslmode=require", "agents")
+    with pytest.raises(ValueError, match="unsupported journal URL"):
+        store_from_url("redis://localhost")
+    with pytest.raises(ValueError, match="names no file"):
+        store_from_url("sqlite://")
