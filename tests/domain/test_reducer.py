@@ -45,14 +45,20 @@ def test_inbound_after_the_last_acked_turn_is_pending_for_the_next_owner() -> No
     assert _transcript(state) == [("user", "m1"), ("assistant", "r1")]
 
 
-def test_a_turn_starts_with_its_first_output_even_before_the_ack() -> None:
+def test_a_turn_starts_with_its_first_output_and_stays_pending_until_its_ack() -> None:
     j = JournalBuilder()
     m1 = j.inbound("m1")
     j.add("tool_call", epoch=1, call_id="c1", tool="search", args={"q": "x"}, turn=m1)
     state = fold(SessionState(), j.entries)
     assert _transcript(state) == [("user", "m1")]
-    assert state.pending == {}
+    # Started but not acked: the next owner must redo it (and must not add m1 again).
+    assert state.pending[m1].started
     assert state.acked_turn == 0
+    j.reply("r1", turn=m1, epoch=2)
+    j.ack(m1, epoch=2)
+    state = fold(state, j.entries[-2:])
+    assert _transcript(state) == [("user", "m1"), ("assistant", "r1")]
+    assert state.pending == {}
 
 
 def test_the_tool_ledger_knows_uncertain_side_effects_and_idempotent_tools() -> None:

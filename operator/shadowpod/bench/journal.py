@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from shadowpod.bench.stats import summary_ms
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.ownership import Ownership
 from shadowpod.domain.reducer import fold
 from shadowpod.domain.state import SessionState
 from shadowpod.journal.store import JournalStore
+from shadowpod.stats import summary_ms
 
 TARGETS_SQLITE: Final = {
     "appends_per_s": 20_000,

@@ -6,6 +6,7 @@ import click
 
 from shadowpod import __version__
 from shadowpod.cli.bench import bench
+from shadowpod.cli.gateway import gateway
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,6 +16,7 @@ def cli() -> None:
 
 
 cli.add_command(bench)
+cli.add_command(gateway)
 
 
 def main() -> None:

@@ -176,7 +176,10 @@ class ControlEvent(StrEnum):
     FENCE = "fence"
     UNFENCE = "unfence"
     EPOCH = "epoch"
-    SNAPSHOT = "snapshot"
+    # Asks the owner for a snapshot taken at (or after) this entry, while it serves.
+    SNAPSHOT_REQUEST = "snapshot_request"
+    # A fenced owner reports that it stopped and what background work it ended.
+    DRAINED = "drained"
     MIGRATION = "migration"
 
 

@@ -4,10 +4,11 @@
 well-formed ``JournalEntry``. Kinds it does not know, and payloads it cannot parse
 (written by a newer version), are kept in ``extensions`` rather than dropped.
 
-Processing order (rule 6): an inbound entry waits in ``pending`` until its turn
-starts — the first owner output that names it in ``turn``, or its ack — and only then
-enters the transcript. That way the transcript is what the owner actually saw, even
-when messages arrive mid-turn.
+Processing order (rule 6): an inbound entry enters the transcript when its turn
+starts — the first owner output that names it in ``turn``, or its ack — not when it
+arrived. That way the transcript is what the owner actually saw, even when messages
+arrive mid-turn. It stays in ``pending`` until its ack: a turn that started but was
+never acked is still work for the next owner.
 
 ``fold`` and ``StateFolder`` copy the state's containers once and then apply entries
 in place, so replaying *n* entries costs O(n), not O(n²).
@@ -89,6 +90,10 @@ class StateFolder:
         """The current state, as a copy the caller may keep."""
         return self._state.working_copy()
 
+    def peek(self) -> SessionState:
+        """The current state itself, without a copy: read it, never change or keep it."""
+        return self._state
+
     def release(self) -> SessionState:
         """The current state itself; the folder must not be used afterwards."""
         state, self._state = self._state, SessionState()
@@ -133,8 +138,9 @@ class _Handler:
 def _start_turn(state: SessionState, turn: int | None) -> None:
     if turn is None:
         return
-    inbound = state.pending.pop(turn, None)
-    if inbound is not None:
+    inbound = state.pending.get(turn)
+    if inbound is not None and not inbound.started:
+        state.pending[turn] = inbound.model_copy(update={"started": True})
         state.transcript.append(
             TranscriptMessage(
                 seq=inbound.seq,
@@ -295,6 +301,7 @@ def _state(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
 def _ack(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
     assert isinstance(payload, AckPayload)
     _start_turn(state, payload.turn)
+    state.pending.pop(payload.turn, None)
     state.acked_turn = max(state.acked_turn, payload.turn)
 
 
@@ -302,6 +309,7 @@ def _control(state: SessionState, entry: JournalEntry, payload: Payload) -> None
     assert isinstance(payload, ControlPayload)
     if payload.event is ControlEvent.EPOCH and payload.epoch is not None:
         state.epoch = payload.epoch
+        state.owner = payload.owner
 
 
 def _keep_as_extension(state: SessionState, entry: JournalEntry, error: str | None) -> None:

@@ -21,6 +21,8 @@ History:
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -123,3 +125,9 @@ def load_state(doc: Mapping[str, Any]) -> SessionState:
 def dump_state(state: SessionState) -> Document:
     document: Document = state.model_dump(mode="json")
     return document
+
+
+def state_digest(state: SessionState) -> str:
+    """A fingerprint of a state: equal digests, equal states (as stored)."""
+    canonical = json.dumps(dump_state(state), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

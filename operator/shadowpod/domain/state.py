@@ -32,7 +32,11 @@ class TranscriptMessage(_Item):
 
 
 class PendingInbound(_Item):
-    """An inbound entry whose turn has not started: the next owner must process it."""
+    """An inbound entry not yet acked: the owner (or the next one) must process it.
+
+    ``started`` means its turn began (it is in the transcript) but did not finish —
+    a new owner redoes such a turn, consulting the tool ledger for what already ran.
+    """
 
     seq: int
     id: str
@@ -41,6 +45,7 @@ class PendingInbound(_Item):
     content: str = ""
     schedule_id: str | None = None
     meta: dict[str, JsonValue] = Field(default_factory=dict)
+    started: bool = False
 
 
 class CallStatus(StrEnum):
@@ -145,6 +150,7 @@ class SessionState(BaseModel):
     schema_version: int = CURRENT_SCHEMA_VERSION
     watermark: int = Field(default=0, ge=0, description="Seq of the last entry folded in.")
     epoch: int = Field(default=0, ge=0, description="Owner epoch as of the watermark.")
+    owner: str | None = Field(default=None, description="Owner named by the latest epoch.")
     acked_turn: int = Field(default=0, ge=0, description="Last inbound seq fully processed.")
 
     transcript: list[TranscriptMessage] = Field(default_factory=list)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Final
 
 from shadowpod.domain.entries import JournalEntry
@@ -90,7 +90,7 @@ class FollowerHub:
                 subscription.wake()
 
 
-async def follow_journal(
+async def follow_journal_batches(
     hub: FollowerHub,
     session: str,
     after: int,
@@ -98,17 +98,18 @@ async def follow_journal(
     *,
     batch_limit: int,
     poll_interval: float,
-) -> AsyncIterator[JournalEntry]:
-    """Yield every entry with seq > ``after``, in order, then keep tailing."""
+) -> AsyncGenerator[Sequence[JournalEntry], None]:
+    """Yield every entry with seq > ``after`` in order, in the batches they come in,
+    then keep tailing. Batches are never empty."""
     cursor = after
     # Subscribe before the first read, so nothing committed in between is missed.
     subscription = hub.subscribe(session)
     try:
         while True:
             backlog = await read(cursor, batch_limit)
-            for entry in backlog:
-                yield entry
-                cursor = entry.seq
+            if backlog:
+                yield backlog
+                cursor = backlog[-1].seq
             if len(backlog) == batch_limit:
                 continue
             while True:
@@ -119,9 +120,31 @@ async def follow_journal(
                     continue
                 if batch[0].seq > cursor + 1:
                     break  # a gap: something was committed that we were not handed
-                for entry in batch:
-                    if entry.seq > cursor:
-                        yield entry
-                        cursor = entry.seq
+                fresh = (
+                    batch if batch[0].seq == cursor + 1 else [e for e in batch if e.seq > cursor]
+                )
+                yield fresh
+                cursor = fresh[-1].seq
     finally:
         hub.unsubscribe(session, subscription)
+
+
+async def follow_journal(
+    hub: FollowerHub,
+    session: str,
+    after: int,
+    read: ReadFn,
+    *,
+    batch_limit: int,
+    poll_interval: float,
+) -> AsyncIterator[JournalEntry]:
+    """Yield every entry with seq > ``after``, in order, then keep tailing."""
+    batches = follow_journal_batches(
+        hub, session, after, read, batch_limit=batch_limit, poll_interval=poll_interval
+    )
+    try:
+        async for batch in batches:
+            for entry in batch:
+                yield entry
+    finally:
+        await batches.aclose()

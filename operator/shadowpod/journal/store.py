@@ -16,7 +16,7 @@ Guarantees every backend gives (checked by the shared contract suite in
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -97,6 +97,12 @@ class JournalStore(Protocol):
     async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]: ...
 
     def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]: ...
+
+    def follow_batches(
+        self, session: str, after: int = 0
+    ) -> AsyncGenerator[Sequence[JournalEntry], None]:
+        """``follow``, in the batches entries were committed in (never empty)."""
+        ...
 
     async def head(self, session: str) -> int: ...
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Final
 
@@ -30,7 +30,7 @@ from shadowpod.domain.entries import JournalEntry, NewEntry, check_session_id
 from shadowpod.domain.ownership import Ownership
 from shadowpod.journal import codec
 from shadowpod.journal.errors import SnapshotNotFound, StoreUnavailable
-from shadowpod.journal.followers import FollowerHub, follow_journal
+from shadowpod.journal.followers import FollowerHub, follow_journal, follow_journal_batches
 from shadowpod.journal.postgres import ops
 from shadowpod.journal.postgres.listener import NotificationListener
 from shadowpod.journal.postgres.schema import check_schema_name, init_schema
@@ -174,6 +174,20 @@ class PostgresJournalStore:
         if after < 0:
             raise ValueError(f"after must be 0 or a seq, got {after}")
         return follow_journal(
+            self._hub,
+            session,
+            after,
+            functools.partial(self.read, session),
+            batch_limit=FOLLOW_BATCH,
+            poll_interval=self._follow_poll_s,
+        )
+
+    def follow_batches(
+        self, session: str, after: int = 0
+    ) -> AsyncGenerator[Sequence[JournalEntry], None]:
+        if after < 0:
+            raise ValueError(f"after must be 0 or a seq, got {after}")
+        return follow_journal_batches(
             self._hub,
             session,
             after,

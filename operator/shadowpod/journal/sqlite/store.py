@@ -12,7 +12,7 @@ import asyncio
 import functools
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Final, TypeVar
@@ -21,7 +21,8 @@ from shadowpod.domain.entries import JournalEntry, NewEntry, check_session_id
 from shadowpod.domain.ownership import Ownership
 from shadowpod.journal import codec
 from shadowpod.journal.errors import SnapshotNotFound
-from shadowpod.journal.followers import FollowerHub, follow_journal
+from shadowpod.journal.followers import FollowerHub, follow_journal, follow_journal_batches
+from shadowpod.journal.recent import RecentEntries
 from shadowpod.journal.sqlite import sql
 from shadowpod.journal.sqlite.checkpointer import Checkpointer
 from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
@@ -59,6 +60,9 @@ class SQLiteJournalStore:
         self._read_threads = read_threads
         self._follow_poll_s = follow_poll_s
         self._hub = FollowerHub()
+        # Every commit passes through this process (one writer), so recent entries can
+        # be served from memory.
+        self._recent = RecentEntries()
         self._writer: GroupCommitWriter | None = None
         self._checkpointer: Checkpointer | None = None
         self._readers: ThreadPoolExecutor | None = None
@@ -75,7 +79,7 @@ class SQLiteJournalStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         await asyncio.to_thread(self._init_schema)
         self._writer = GroupCommitWriter(
-            self._connect_writer, asyncio.get_running_loop(), self._hub.publish
+            self._connect_writer, asyncio.get_running_loop(), self._committed
         )
         self._writer.start()
         self._checkpointer = Checkpointer(self._connect)
@@ -106,6 +110,10 @@ class SQLiteJournalStore:
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
+
+    def _committed(self, session: str, entries: list[JournalEntry]) -> None:
+        self._recent.add(session, entries)
+        self._hub.publish(session, entries)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(
@@ -175,7 +183,9 @@ class SQLiteJournalStore:
         return await self._read(sql.list_sessions)
 
     async def delete_session(self, session: str) -> None:
+        self._recent.forget(session)
         await self._write(session, lambda tx: sql.delete_session(tx, session))
+        self._recent.forget(session)
         self._hub.wake(session)
 
     # --- journal ----------------------------------------------------------------------
@@ -191,11 +201,28 @@ class SQLiteJournalStore:
 
     async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
         _check_read_args(after, limit)
+        recent = self._recent.read(session, after, limit)
+        if recent is not None:
+            return recent
         return await self._read(lambda conn: sql.read(conn, session, after, limit))
 
     def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]:
         _check_read_args(after, 1)
         return follow_journal(
+            self._hub,
+            session,
+            after,
+            functools.partial(self.read, session),
+            batch_limit=FOLLOW_BATCH,
+            poll_interval=self._follow_poll_s,
+        )
+
+    def follow_batches(
+        self, session: str, after: int = 0
+    ) -> AsyncGenerator[Sequence[JournalEntry], None]:
+        if after < 0:
+            raise ValueError(f"after must be 0 or a seq, got {after}")
+        return follow_journal_batches(
             self._hub,
             session,
             after,
@@ -247,6 +274,7 @@ class SQLiteJournalStore:
         return await self._read(lambda conn: sql.list_snapshots(conn, session))
 
     async def apply_retention(self, session: str, *, keep_snapshots: int) -> Retention:
+        self._recent.forget(session)  # cached entries may fall below the new truncation point
         return await self._write(
             session, lambda tx: sql.apply_retention(tx, session, keep_snapshots)
         )

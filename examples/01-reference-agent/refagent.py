@@ -1,0 +1,133 @@
+"""The reference agent: deterministic (no LLM), two versions, every state surface.
+
+    python refagent.py --version 1     # or 2
+
+What it does with a message:
+
+- ``my name is <name>``  remembers the name (memory) and greets;
+- ``remember: <rule>``   learns a durable fact;
+- ``weather <city>``     calls the ``weather`` tool (idempotent);
+- ``charge <amount>``    calls the ``charge`` tool (a side effect: not idempotent);
+- ``sleep <seconds>``    takes that long to answer (a long turn);
+- anything else          is answered with a running turn count.
+
+On its first turn it registers a ``heartbeat`` schedule (every
+``REFAGENT_HEARTBEAT_S`` seconds, 0 = none) and, whenever it becomes owner, starts a
+background ``indexer`` process. Version 2 keeps its own state in a different shape
+(schema 2) and reads version 1's through a migration; its answers start with ``v2``
+where version 1's start with ``[v1]``, so a client can tell which version answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+
+from pydantic import JsonValue
+
+from shadowpod.agent import Agent, OwnerContext, Turn
+
+HEARTBEAT_S = float(os.environ.get("REFAGENT_HEARTBEAT_S", "0"))
+INDEXER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
+
+
+def build(version: int) -> Agent:
+    agent = Agent("refagent", version=str(version), state_schema=version)
+
+    # --- the agent's own state, in its schema -----------------------------------------
+
+    def count_of(values: dict[str, JsonValue]) -> int:
+        if version == 1:
+            return int(values.get("count", 0))  # type: ignore[arg-type]
+        turns = values.get("turns", {})
+        return int(turns.get("count", 0)) if isinstance(turns, dict) else 0  # type: ignore[arg-type]
+
+    def with_count(values: dict[str, JsonValue], count: int) -> None:
+        if version == 1:
+            values["count"] = count
+        else:
+            values["turns"] = {"count": count}
+
+    if version >= 2:
+
+        @agent.migration(from_version=1)
+        def v1_to_v2(values: dict[str, JsonValue]) -> dict[str, JsonValue]:
+            return {
+                "turns": {"count": values.get("count", 0)},
+                "profile": {"greeted": values.get("greeted", False)},
+            }
+
+    # --- tools ------------------------------------------------------------------------
+
+    @agent.tool(idempotent=True)
+    async def weather(city: str) -> JsonValue:
+        forecasts = ["sun", "rain", "wind", "snow", "fog"]
+        return {"city": city, "forecast": forecasts[sum(map(ord, city)) % len(forecasts)]}
+
+    @agent.tool(idempotent=False)
+    async def charge(amount: str) -> JsonValue:
+        return {"charged": amount, "receipt": f"r-{amount}"}
+
+    # --- becoming owner ---------------------------------------------------------------
+
+    @agent.on_owner
+    async def start_background_work(owner: OwnerContext) -> None:
+        await owner.spawn("indexer", INDEXER)
+
+    # --- turns ------------------------------------------------------------------------
+
+    def answer(turn: Turn, text: str) -> str:
+        name = turn.memory.get("name")
+        suffix = f" (hi {name})" if name else ""
+        count = count_of(turn.values)
+        if version == 1:
+            return f"[v1] #{count} {text}{suffix}"
+        return f"v2 > turn {count}: {text}{suffix}"
+
+    @agent.on_message
+    async def handle(turn: Turn) -> None:
+        with_count(turn.values, count_of(turn.values) + 1)
+        if HEARTBEAT_S > 0 and "heartbeat" not in turn.state.schedules:
+            turn.schedule("heartbeat", every_s=HEARTBEAT_S, content="heartbeat")
+        text = turn.content.strip()
+        meta: dict[str, JsonValue] = {
+            "version": agent.version,
+            "instance": turn.instance,
+            "epoch": turn.epoch,
+        }
+        if turn.schedule_id is not None:
+            await turn.reply(answer(turn, f"{turn.schedule_id} fired"), **meta)
+            return
+        lowered = text.lower()
+        if lowered.startswith("my name is "):
+            turn.remember("name", text[len("my name is ") :].strip())
+            await turn.reply(answer(turn, "nice to meet you"), **meta)
+        elif lowered.startswith("remember:"):
+            rule = text.split(":", 1)[1].strip()
+            turn.learn(f"rule-{len(turn.facts) + 1}", rule)
+            await turn.reply(answer(turn, f"I will remember: {rule}"), **meta)
+        elif lowered.startswith("weather "):
+            result = await turn.tool("weather", {"city": text[len("weather ") :].strip()})
+            await turn.reply(answer(turn, f"weather: {result}"), **meta)
+        elif lowered.startswith("charge "):
+            result = await turn.tool("charge", {"amount": text[len("charge ") :].strip()})
+            await turn.reply(answer(turn, f"charged: {result}"), **meta)
+        elif lowered.startswith("sleep "):
+            await asyncio.sleep(float(text.split()[1]))
+            await turn.reply(answer(turn, f"slept {text.split()[1]}s"), **meta)
+        else:
+            await turn.reply(answer(turn, text), **meta)
+
+    return agent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--version", type=int, choices=[1, 2], required=True)
+    build(parser.parse_args().version).run()
+
+
+if __name__ == "__main__":
+    main()

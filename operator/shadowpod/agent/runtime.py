@@ -1,0 +1,492 @@
+"""The agent runtime: owner mode, shadow mode, promotion, draining.
+
+State is always the fold of the journal, in seq order, applied as the journal comes
+in (a shadow tails the whole journal; an owner reads the gated owner stream). An
+owner processes the lowest pending inbound entry, journals the turn's outputs and
+ack in one append, and takes the next turn only once the journal has come back past
+that ack — so every turn sees exactly the state the journal says it saw.
+
+A shadow restores a snapshot, catches up, and keeps applying entries — recorded
+outputs are applied, never re-executed. When it applies an ``epoch`` marker naming
+it, it is the owner: it migrates the agent's state to its schema, decides about
+uncertain tool calls, and starts taking turns at the new epoch. An owner whose epoch
+is superseded stops taking work, drains its background processes, reports, and
+exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import aiohttp
+from pydantic import JsonValue
+
+from shadowpod.agent.app import Agent
+from shadowpod.agent.identity import Identity
+from shadowpod.agent.processes import ProcessRegistry
+from shadowpod.agent.settings import AgentSettings
+from shadowpod.agent.turn import OwnerContext, ToolAbandoned, Turn
+from shadowpod.api.models import DrainReport, ProcessReport, SnapshotOut
+from shadowpod.client.channel import ChannelClosed, OwnerChannelClient
+from shadowpod.client.gateway import GatewayClient, GatewayError
+from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.payloads import (
+    AckPayload,
+    ControlEvent,
+    EntryKind,
+    StatePayload,
+    ToolResultPayload,
+    ToolStatus,
+)
+from shadowpod.domain.reducer import StateFolder
+from shadowpod.domain.schema import dump_state, load_state, state_digest
+from shadowpod.domain.state import PendingInbound, SessionState
+
+logger = logging.getLogger(__name__)
+PAGE: Final = 10_000
+OWNER_WAIT_S: Final = 20.0
+BACKOFF_S: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
+APPEND_RETRY_S: Final = 60.0
+TRANSIENT: Final = (aiohttp.ClientError, asyncio.TimeoutError)
+
+Mode = Literal["starting", "shadow", "owner", "draining", "stopped", "failed"]
+
+
+class Superseded(Exception):
+    """This instance's epoch is no longer the session's: it must stop."""
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    entries: int
+    seconds: float
+
+    @property
+    def entries_per_s(self) -> float:
+        return self.entries / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Promotion:
+    epoch: int
+    fence_seq: int
+    state_digest: str
+    at: float
+
+
+class AgentRuntime:
+    def __init__(self, agent: Agent, settings: AgentSettings) -> None:
+        if agent.message_handler is None:
+            raise ValueError(f"agent {agent.name!r} has no @on_message handler")
+        self.agent = agent
+        self.settings = settings
+        self.mode: Mode = "starting"
+        self.ready = False
+        self.epoch = 0
+        self.identity = Identity.load(settings.identity_dir)
+        self.folder = StateFolder(SessionState())
+        self.processes = ProcessRegistry()
+        self.turns = 0
+        self.catchup: CatchUp | None = None
+        self.promotion: Promotion | None = None
+        self.drained: list[ProcessReport] | None = None
+        self.error: str | None = None
+        self._client: GatewayClient | None = None
+        self._awaiting = 0  # seq of our last append: the next turn waits for it to come back
+        self._released = 0  # the highest inbound seq the gateway released to us
+        self._channel: OwnerChannelClient | None = None
+        self._superseded = False
+        self._in_turn = False
+        self._stopping = False
+        self._snapshot_task: asyncio.Task[int] | None = None
+        self._since_snapshot = 0
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    @property
+    def session(self) -> str:
+        return self.identity.session
+
+    @property
+    def client(self) -> GatewayClient:
+        if self._client is None:
+            self._client = GatewayClient(self.identity.gateway, self.identity.token)
+        return self._client
+
+    async def reconnect(self) -> None:
+        """Forget the connection and re-read who we are (a restored process must)."""
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+        self.identity = Identity.load(self.settings.identity_dir)
+
+    async def run(self) -> int:
+        try:
+            await self._restore()
+            if self.settings.mode == "shadow":
+                self.mode = "shadow"
+                self.ready = True
+                await self._catch_up()
+                await self._shadow()
+            else:
+                assert self.settings.epoch is not None
+                self.epoch = self.settings.epoch
+            if not self._stopping:
+                self.mode = "owner"
+                self.ready = True
+                await self._own()
+            await self._drain()
+            return 0
+        except asyncio.CancelledError:
+            await self._drain()
+            return 0
+        except Exception as exc:
+            logger.exception("agent runtime failed", extra={"session": self.session})
+            self.mode, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            await self.processes.drain(self.settings.drain_grace_s)
+            return 1
+        finally:
+            if self._client is not None:
+                await self._client.close()
+
+    def request_stop(self, main: asyncio.Task[int]) -> None:
+        """SIGTERM: finish the turn in progress, then drain and exit."""
+        self._stopping = True
+        if not self._in_turn:
+            main.cancel()
+
+    # --- restoring and catching up ----------------------------------------------------
+
+    async def _restore(self) -> None:
+        snapshot: SnapshotOut | None
+        if self.settings.snapshot is not None:
+            snapshot = await self.client.snapshot(self.session, self.settings.snapshot)
+        else:
+            snapshot = await self.client.latest_snapshot(self.session)
+        state = SessionState() if snapshot is None else load_state(snapshot.document)
+        if state.agent.values:
+            # Fail now, before claiming readiness, if we cannot read the agent's state.
+            self.agent.migrate_state(dict(state.agent.values), state.agent.schema_version)
+        self.folder = StateFolder(state)
+        logger.info("restored", extra={"session": self.session, "watermark": state.watermark})
+
+    async def _catch_up(self) -> None:
+        """Replay the journal since the snapshot in large pages (recorded outputs are
+        applied, never re-executed). The next page is fetched while this one is folded."""
+        started, applied = time.monotonic(), 0
+        after = self.folder.watermark
+        fetch = asyncio.create_task(self.client.journal(self.session, after=after, limit=PAGE))
+        while True:
+            entries, head = await fetch
+            if not entries:
+                break
+            after = entries[-1].seq
+            more = after < head
+            if more:
+                fetch = asyncio.create_task(
+                    self.client.journal(self.session, after=after, limit=PAGE)
+                )
+            self._apply(entries)
+            applied += len(entries)
+            if not more:
+                break
+        self.catchup = CatchUp(applied, time.monotonic() - started)
+
+    # --- shadow -----------------------------------------------------------------------
+
+    async def _shadow(self) -> None:
+        failures = 0
+        while self.promotion is None and not self._stopping:
+            try:
+                async for batch in self.client.journal_stream(
+                    self.session, after=self.folder.watermark
+                ):
+                    self._apply(batch)
+                    failures = 0
+                    if self.promotion is not None:
+                        break
+            except (*TRANSIENT, GatewayError) as exc:
+                failures = await self._backoff(failures, exc)
+        if self.promotion is not None:
+            self.epoch = self.promotion.epoch
+            logger.info("promoted", extra={"session": self.session, "epoch": self.epoch})
+
+    # --- owner ------------------------------------------------------------------------
+
+    async def _own(self) -> None:
+        """Take turns while there is released work; otherwise wait for deliveries.
+
+        Deliveries and appends go over the owner channel (one WebSocket); entries are
+        applied only between turns, so a turn's view of the state never changes.
+        """
+        failures = 0
+        adopted = False
+        while not (self._superseded or self._stopping):
+            try:
+                async with OwnerChannelClient(
+                    self.client, self.session, epoch=self.epoch, after=self.folder.watermark
+                ) as channel:
+                    self._channel = channel
+                    failures = 0
+                    if not adopted:
+                        await self._become_owner()
+                        adopted = True
+                    while not (self._superseded or self._stopping):
+                        self._take(channel)
+                        if (inbound := self._next_inbound()) is not None:
+                            await self._turn(inbound)
+                        else:
+                            await channel.wait(OWNER_WAIT_S)
+            except ChannelClosed as exc:
+                if exc.superseded:
+                    self._superseded = True
+                else:
+                    failures = await self._backoff(failures, exc)
+            except Superseded:
+                self._superseded = True
+            except GatewayError as exc:
+                if exc.reason == "Fenced":
+                    self._superseded = True
+                elif exc.status in (401, 404):
+                    raise
+                else:
+                    failures = await self._backoff(failures, exc)
+            except TRANSIENT as exc:
+                failures = await self._backoff(failures, exc)
+            finally:
+                self._channel = None
+
+    def _take(self, channel: OwnerChannelClient) -> None:
+        for delivery in channel.take():
+            self._apply(delivery.entries)
+            self._released = max(self._released, delivery.released)
+
+    def _next_inbound(self) -> PendingInbound | None:
+        """The next turn: the lowest pending inbound entry the gateway released to us,
+        once the journal has caught up with our own last append."""
+        state = self.folder.peek()
+        if state.watermark < self._awaiting or not state.pending:
+            return None
+        inbound = next(iter(state.pending.values()))
+        return inbound if inbound.seq <= self._released else None
+
+    async def _become_owner(self) -> None:
+        """Adopt the session: agent-state migration, uncertain calls, the on_owner hook."""
+        state = self.folder.peek()
+        entries: list[NewEntry] = []
+        for call in state.tools.uncertain():
+            spec = self.agent.tools.get(call.tool)
+            if spec is None or not spec.idempotent:
+                # Not repeated: the side effect may already have happened. Recorded.
+                entries.append(
+                    NewEntry.of(
+                        ToolResultPayload(
+                            call_id=call.call_id,
+                            status=ToolStatus.ABANDONED,
+                            error=f"outcome unknown after the owner changed to epoch "
+                            f"{self.epoch}; not repeated",
+                            turn=call.turn,
+                        ),
+                        id=f"tool-result:{call.call_id}",
+                    )
+                )
+        if state.agent.values and state.agent.schema_version != self.agent.state_schema:
+            migrated = self.agent.migrate_state(
+                dict(state.agent.values), state.agent.schema_version
+            )
+            entries.append(
+                NewEntry.of(
+                    StatePayload(
+                        values=migrated, replace=True, schema_version=self.agent.state_schema
+                    ),
+                    id=f"state-migration:{self.epoch}",
+                )
+            )
+        context = OwnerContext(
+            agent=self.agent,
+            state=state,
+            epoch=self.epoch,
+            instance=self.identity.instance,
+            append=self._append,
+            processes=self.processes,
+        )
+        if self.agent.owner_hook is not None:
+            await self.agent.owner_hook(context)
+        entries += context.take_outputs()
+        if entries:
+            await self._append(entries)
+
+    async def _turn(self, inbound: PendingInbound) -> None:
+        state = self.folder.peek()
+        values = dict(state.agent.values)
+        if values and state.agent.schema_version != self.agent.state_schema:
+            values = self.agent.migrate_state(values, state.agent.schema_version)
+        turn = Turn(
+            agent=self.agent,
+            state=state,
+            inbound=inbound,
+            values=values,
+            epoch=self.epoch,
+            instance=self.identity.instance,
+            append=self._append,
+            processes=self.processes,
+        )
+        self._in_turn = True
+        try:
+            assert self.agent.message_handler is not None
+            try:
+                await self.agent.message_handler(turn)
+            except Superseded:
+                raise
+            except ToolAbandoned as exc:
+                await turn.reply(
+                    f"I could not confirm an earlier action: {exc}", error="tool_abandoned"
+                )
+            except Exception as exc:  # the turn still ends, or it would come back forever
+                logger.exception("turn %d failed", inbound.seq, extra={"session": self.session})
+                await turn.reply(
+                    f"error while handling this message: {type(exc).__name__}", error=str(exc)
+                )
+            outputs = turn.take_outputs()
+            if (state_entry := turn.state_entry()) is not None:
+                outputs.append(state_entry)
+            outputs.append(NewEntry.of(AckPayload(turn=inbound.seq), id=f"ack:{inbound.seq}"))
+            await self._append(outputs)
+            self.turns += 1
+        finally:
+            self._in_turn = False
+
+    async def _append(self, entries: Sequence[NewEntry]) -> list[int]:
+        """Journal at our epoch; retried (same ids, so never doubled) while the gateway
+        is away. Our entries come back through the channel like everyone else's."""
+        deadline = time.monotonic() + APPEND_RETRY_S
+        failures = 0
+        while True:
+            try:
+                if self._channel is not None:
+                    seqs = [seq for seq, _, _ in await self._channel.append(entries)]
+                else:
+                    appended, _, _ = await self.client.append(
+                        self.session, epoch=self.epoch, entries=entries
+                    )
+                    seqs = [a.seq for a in appended]
+            except GatewayError as exc:
+                if exc.reason == "Fenced":
+                    self._superseded = True
+                    raise Superseded(str(exc)) from None
+                if exc.status < 500 or time.monotonic() > deadline:
+                    raise
+                failures = await self._backoff(failures, exc)
+            except ChannelClosed as exc:
+                if exc.superseded:
+                    self._superseded = True
+                    raise Superseded(str(exc)) from None
+                self._channel = None  # retried over HTTP; the loop reconnects the channel
+                failures = await self._backoff(failures, exc)
+            except TRANSIENT as exc:
+                if time.monotonic() > deadline:
+                    raise
+                failures = await self._backoff(failures, exc)
+            else:
+                self._awaiting = max([self._awaiting, *seqs])
+                return seqs
+
+    # --- applying the journal ---------------------------------------------------------
+
+    def _apply(self, batch: Sequence[JournalEntry]) -> None:
+        snapshot_due = False
+        for entry in batch:
+            self.folder.apply(entry)
+            if entry.kind != EntryKind.CONTROL:
+                continue
+            event = entry.payload.get("event")
+            if event == ControlEvent.EPOCH:
+                self._on_epoch(entry)
+            elif event == ControlEvent.SNAPSHOT_REQUEST and self.mode == "owner":
+                snapshot_due = True
+        self._since_snapshot += len(batch)
+        every = self.settings.snapshot_every
+        if self.mode == "owner" and (snapshot_due or (every and self._since_snapshot >= every)):
+            self._start_snapshot()
+
+    def _on_epoch(self, entry: JournalEntry) -> None:
+        state = self.folder.peek()
+        if (
+            self.mode == "shadow"
+            and state.owner == self.identity.instance
+            and self.promotion is None
+        ):
+            # The state at fence_seq, fingerprinted: it must equal what the source had.
+            self.promotion = Promotion(state.epoch, entry.seq, state_digest(state), time.time())
+        elif self.mode == "owner" and state.epoch > self.epoch:
+            self._superseded = True
+
+    # --- snapshots --------------------------------------------------------------------
+
+    def _start_snapshot(self) -> None:
+        if self._snapshot_task is None or self._snapshot_task.done():
+            self._since_snapshot = 0
+            self._snapshot_task = asyncio.create_task(self.snapshot())
+
+    async def snapshot(self) -> int:
+        """Store a snapshot of the current state while serving; returns its watermark."""
+        view = self.folder.view()  # a private copy: serialised off the event loop
+        document: dict[str, JsonValue] = await asyncio.to_thread(dump_state, view)
+        await self.client.put_snapshot(
+            self.session,
+            watermark=view.watermark,
+            schema_version=view.schema_version,
+            document=document,
+        )
+        logger.info("snapshot stored", extra={"session": self.session, "watermark": view.watermark})
+        return view.watermark
+
+    # --- leaving ----------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        if self.mode in ("draining", "stopped"):
+            return
+        was_owner = self.mode == "owner"
+        self.mode = "draining"
+        if self._snapshot_task is not None:
+            self._snapshot_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._snapshot_task
+        self.drained = await self.processes.drain(self.settings.drain_grace_s)
+        if was_owner:
+            report = DrainReport(
+                instance=self.identity.instance, epoch=self.epoch, processes=self.drained
+            )
+            try:
+                await self.client.drained(self.session, report)
+            except (*TRANSIENT, GatewayError) as exc:
+                logger.warning(
+                    "could not report the drain: %s", exc, extra={"session": self.session}
+                )
+        self.mode = "stopped"
+        logger.info(
+            "stopped",
+            extra={
+                "session": self.session,
+                "epoch": self.epoch,
+                "processes": [p.name for p in self.drained],
+            },
+        )
+
+    async def _backoff(self, failures: int, exc: BaseException) -> int:
+        delay = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
+        logger.warning(
+            "gateway unreachable (%s); retrying in %.2fs",
+            exc,
+            delay,
+            extra={"session": self.session},
+        )
+        await asyncio.sleep(delay)
+        await self.reconnect()
+        return failures + 1

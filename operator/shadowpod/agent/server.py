@@ -1,0 +1,98 @@
+"""The agent's own HTTP endpoints: health, readiness, status, state, snapshot on request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from shadowpod.agent.runtime import AgentRuntime
+from shadowpod.domain.schema import dump_state
+
+RUNTIME = web.AppKey("runtime", AgentRuntime)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
+
+
+def status_of(runtime: AgentRuntime) -> dict[str, Any]:
+    state = runtime.folder.peek()
+    catchup = runtime.catchup
+    promotion = runtime.promotion
+    return {
+        "agent": runtime.agent.name,
+        "version": runtime.agent.version,
+        "state_schema": runtime.agent.state_schema,
+        "reads_state_schemas": runtime.agent.reads_state_schemas,
+        "session": runtime.identity.session,
+        "instance": runtime.identity.instance,
+        "mode": runtime.mode,
+        "ready": runtime.ready,
+        "epoch": runtime.epoch,
+        "watermark": state.watermark,
+        "pending": len(state.pending),
+        "turns": runtime.turns,
+        "processes": runtime.processes.inventory(),
+        "catchup": None
+        if catchup is None
+        else {
+            "entries": catchup.entries,
+            "seconds": round(catchup.seconds, 6),
+            "entries_per_s": round(catchup.entries_per_s),
+        },
+        "promotion": None
+        if promotion is None
+        else {
+            "epoch": promotion.epoch,
+            "fence_seq": promotion.fence_seq,
+            "state_digest": promotion.state_digest,
+            "at": promotion.at,
+        },
+        "drained": None if runtime.drained is None else [p.model_dump() for p in runtime.drained],
+        "error": runtime.error,
+    }
+
+
+async def healthz(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    return _json({"status": runtime.mode}, 503 if runtime.mode == "failed" else 200)
+
+
+async def readyz(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    return _json({"ready": runtime.ready, "mode": runtime.mode}, 200 if runtime.ready else 503)
+
+
+async def status(request: web.Request) -> web.Response:
+    return _json(status_of(request.app[RUNTIME]))
+
+
+async def state(request: web.Request) -> web.Response:
+    """The whole session state as this instance has folded it (for debugging)."""
+    return _json(dump_state(request.app[RUNTIME].folder.peek()))
+
+
+async def snapshot(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    if runtime.mode != "owner":
+        return _json(
+            {
+                "reason": "NotOwner",
+                "message": f"only the owner stores snapshots; this instance is {runtime.mode}",
+            },
+            409,
+        )
+    return _json({"watermark": await runtime.snapshot()}, 201)
+
+
+def make_status_app(runtime: AgentRuntime) -> web.Application:
+    app = web.Application()
+    app[RUNTIME] = runtime
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/status", status)
+    app.router.add_get("/v1/state", state)
+    app.router.add_post("/v1/snapshot", snapshot)
+    return app

@@ -1,0 +1,65 @@
+"""How an agent process is told how to run: environment variables.
+
+- ``SHADOWPOD_IDENTITY_DIR``: directory with the identity files (required);
+- ``SHADOWPOD_MODE``: ``owner`` (serve at ``SHADOWPOD_EPOCH``) or ``shadow`` (catch
+  up, then wait to be named owner);
+- ``SHADOWPOD_EPOCH``: the owner epoch, in owner mode;
+- ``SHADOWPOD_SNAPSHOT``: in shadow mode, the snapshot watermark to restore from
+  (default: the latest);
+- ``SHADOWPOD_LISTEN``: ``host:port`` of the status endpoints (``0.0.0.0:8080``);
+- ``SHADOWPOD_SNAPSHOT_EVERY``: owner: snapshot every N journal entries (10000; 0 =
+  never);
+- ``SHADOWPOD_DRAIN_GRACE_S``: seconds between SIGTERM and SIGKILL for background
+  processes (5).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AgentSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    identity_dir: Path
+    mode: Literal["owner", "shadow"] = "owner"
+    epoch: int | None = Field(default=None, ge=1)
+    snapshot: int | None = Field(default=None, ge=0)
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=0, le=65535)
+    snapshot_every: int = Field(default=10_000, ge=0)
+    drain_grace_s: float = Field(default=5.0, ge=0)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
+        env = os.environ if env is None else env
+        if "SHADOWPOD_IDENTITY_DIR" not in env:
+            raise ValueError(
+                "SHADOWPOD_IDENTITY_DIR is not set: point it at the agent's identity files"
+            )
+        host, _, port = env.get("SHADOWPOD_LISTEN", "0.0.0.0:8080").rpartition(":")
+        values: dict[str, object] = {
+            "identity_dir": env["SHADOWPOD_IDENTITY_DIR"],
+            "mode": env.get("SHADOWPOD_MODE", "owner"),
+            "host": host,
+            "port": port,
+        }
+        for key, field in (
+            ("SHADOWPOD_EPOCH", "epoch"),
+            ("SHADOWPOD_SNAPSHOT", "snapshot"),
+            ("SHADOWPOD_SNAPSHOT_EVERY", "snapshot_every"),
+            ("SHADOWPOD_DRAIN_GRACE_S", "drain_grace_s"),
+        ):
+            if key in env:
+                values[field] = env[key]
+        settings = cls.model_validate(values)
+        if settings.mode == "owner" and settings.epoch is None:
+            raise ValueError(
+                "SHADOWPOD_MODE=owner needs SHADOWPOD_EPOCH: the epoch this owner was given"
+            )
+        return settings

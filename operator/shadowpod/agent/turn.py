@@ -1,0 +1,293 @@
+"""The context a handler gets: one turn, its reads and its (journaled) writes.
+
+Writes are buffered and journaled with the turn's ack in one append — a turn's
+outputs land together or not at all. Tool calls are the exception: the intent is
+journaled (durably) before the tool runs and the result right after, so a new owner
+can tell a call that finished from one whose side effect is uncertain.
+
+Output ids are derived from the turn (``t<seq>:<n>``), so a retried append after a
+lost answer is absorbed by the journal instead of duplicated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Final
+
+from pydantic import JsonValue
+
+from shadowpod.domain.entries import NewEntry
+from shadowpod.domain.payloads import (
+    FactOp,
+    FactPayload,
+    MemoryOp,
+    MemoryPayload,
+    MessagePayload,
+    Payload,
+    ProcessOp,
+    ProcessPayload,
+    Role,
+    ScheduleOp,
+    SchedulePayload,
+    StatePayload,
+    ToolCallPayload,
+    ToolResultPayload,
+    ToolStatus,
+)
+from shadowpod.domain.state import CallStatus, PendingInbound, SessionState, TranscriptMessage
+
+if TYPE_CHECKING:
+    from shadowpod.agent.app import Agent
+    from shadowpod.agent.processes import ProcessRegistry
+
+Append = Callable[[Sequence[NewEntry]], Awaitable[list[int]]]  # journal now, at our epoch
+_DELETED: Final = object()
+
+
+class ToolAbandoned(Exception):
+    """A tool call from before an owner change whose outcome is unknown and which is
+    not idempotent: it was not repeated, and that decision is in the journal."""
+
+    def __init__(self, call_id: str, tool: str) -> None:
+        super().__init__(
+            f"tool {tool!r} (call {call_id}) may or may not have run before the owner "
+            "changed; it is not declared idempotent, so it was not repeated"
+        )
+        self.call_id = call_id
+        self.tool = tool
+
+
+class ToolFailed(Exception):
+    def __init__(self, call_id: str, tool: str, error: str) -> None:
+        super().__init__(f"tool {tool!r} (call {call_id}) failed: {error}")
+        self.call_id = call_id
+        self.tool = tool
+        self.error = error
+
+
+class OwnerContext:
+    """What the agent can do when it becomes owner, outside any turn."""
+
+    def __init__(
+        self,
+        *,
+        agent: Agent,
+        state: SessionState,
+        epoch: int,
+        instance: str,
+        append: Append,
+        processes: ProcessRegistry,
+        turn: int | None = None,
+    ) -> None:
+        self.agent = agent
+        self.state = state
+        self.epoch = epoch
+        self.instance = instance
+        self._append = append
+        self._processes = processes
+        self._turn = turn
+        self._outputs: list[NewEntry] = []
+        # Output ids are derived, so a retried append is absorbed, not duplicated.
+        self._id_prefix = f"t{turn}" if turn is not None else f"owner:{epoch}:{instance}"
+        self._output_no = 0
+
+    # --- writes -----------------------------------------------------------------------
+
+    def _emit(self, payload: Payload) -> None:
+        self._output_no += 1
+        self._outputs.append(NewEntry.of(payload, id=f"{self._id_prefix}:{self._output_no}"))
+
+    def schedule(self, schedule_id: str, *, every_s: float, content: str = "") -> None:
+        """Fire ``content`` into this session every ``every_s`` seconds, whoever owns it."""
+        self._emit(
+            SchedulePayload(
+                schedule_id=schedule_id,
+                op=ScheduleOp.SET,
+                every_s=every_s,
+                content=content,
+                turn=self._turn,
+            )
+        )
+
+    def cancel_schedule(self, schedule_id: str) -> None:
+        self._emit(SchedulePayload(schedule_id=schedule_id, op=ScheduleOp.CANCEL, turn=self._turn))
+
+    async def spawn(self, name: str, command: Sequence[str]) -> int:
+        """Start a background process; it is inventoried and drained when this owner goes."""
+        pid = await self._processes.spawn(name, command)
+        self._emit(
+            ProcessPayload(
+                name=name, op=ProcessOp.STARTED, command=list(command), pid=pid, turn=self._turn
+            )
+        )
+        return pid
+
+    def take_outputs(self) -> list[NewEntry]:
+        outputs, self._outputs = self._outputs, []
+        return outputs
+
+
+class Turn(OwnerContext):
+    """One inbound entry being processed by the owner."""
+
+    def __init__(
+        self,
+        *,
+        agent: Agent,
+        state: SessionState,
+        inbound: PendingInbound,
+        values: dict[str, JsonValue],
+        epoch: int,
+        instance: str,
+        append: Append,
+        processes: ProcessRegistry,
+    ) -> None:
+        super().__init__(
+            agent=agent,
+            state=state,
+            epoch=epoch,
+            instance=instance,
+            append=append,
+            processes=processes,
+            turn=inbound.seq,
+        )
+        self.inbound = inbound
+        self.values: dict[str, JsonValue] = dict(values)  # the agent's own state, to change
+        self._values_before = dict(values)
+        self._memory: dict[str, object] = {}
+        self._facts: dict[str, object] = {}
+        self._tool_calls = 0
+
+    # --- reads ------------------------------------------------------------------------
+
+    @property
+    def seq(self) -> int:
+        return self.inbound.seq
+
+    @property
+    def content(self) -> str:
+        return self.inbound.content
+
+    @property
+    def role(self) -> Role:
+        return self.inbound.role
+
+    @property
+    def schedule_id(self) -> str | None:
+        """Set when this turn is a schedule firing."""
+        return self.inbound.schedule_id
+
+    @property
+    def transcript(self) -> Sequence[TranscriptMessage]:
+        return self.state.transcript
+
+    @property
+    def memory(self) -> Mapping[str, JsonValue]:
+        """Memory as this turn sees it: its own writes over the session's memory."""
+        merged: dict[str, object] = dict(self.state.memory)
+        merged.update(self._memory)
+        return MappingProxyType({k: v for k, v in merged.items() if v is not _DELETED})  # type: ignore[misc]
+
+    @property
+    def facts(self) -> Mapping[str, str]:
+        merged: dict[str, object] = {k: f.text for k, f in self.state.facts.items()}
+        merged.update(self._facts)
+        return MappingProxyType({k: str(v) for k, v in merged.items() if v is not _DELETED})
+
+    # --- writes -----------------------------------------------------------------------
+
+    async def reply(self, content: str, **meta: JsonValue) -> None:
+        self._emit(MessagePayload(role=Role.ASSISTANT, content=content, meta=meta, turn=self.seq))
+
+    def remember(self, key: str, value: JsonValue) -> None:
+        self._memory[key] = value
+        self._emit(MemoryPayload(key=key, op=MemoryOp.SET, value=value, turn=self.seq))
+
+    def forget(self, key: str) -> None:
+        self._memory[key] = _DELETED
+        self._emit(MemoryPayload(key=key, op=MemoryOp.DELETE, turn=self.seq))
+
+    def learn(self, fact_id: str, text: str) -> None:
+        """A durable fact: a correction or rule that must outlive compaction and upgrades."""
+        self._facts[fact_id] = text
+        self._emit(FactPayload(fact_id=fact_id, op=FactOp.ADD, text=text, turn=self.seq))
+
+    def unlearn(self, fact_id: str) -> None:
+        self._facts[fact_id] = _DELETED
+        self._emit(FactPayload(fact_id=fact_id, op=FactOp.RETRACT, turn=self.seq))
+
+    async def tool(self, name: str, args: dict[str, JsonValue] | None = None) -> JsonValue:
+        """Run a registered tool: intent journaled before, result journaled after.
+
+        A call this turn already made under a previous owner is not run again: its
+        recorded result is returned; if only its intent was recorded, it is repeated
+        only when the tool is declared idempotent (``ToolAbandoned`` otherwise).
+        """
+        spec = self.agent.tools.get(name)
+        if spec is None:
+            raise KeyError(f"no tool named {name!r}; register it with @agent.tool()")
+        self._tool_calls += 1
+        call_id = f"{self.seq}:{self._tool_calls}"
+        args = args or {}
+        known = self.state.tools.calls.get(call_id)
+        if known is not None and known.status is CallStatus.OK:
+            return known.result
+        if known is not None and known.status is CallStatus.ERROR:
+            raise ToolFailed(call_id, name, known.error or "")
+        if known is not None and known.status is CallStatus.ABANDONED:
+            raise ToolAbandoned(call_id, name)
+        if known is not None and not spec.idempotent:  # intent without result
+            await self._record_result(
+                call_id, ToolStatus.ABANDONED, error="outcome unknown after an owner change"
+            )
+            raise ToolAbandoned(call_id, name)
+        if known is None:
+            intent = NewEntry.of(
+                ToolCallPayload(
+                    call_id=call_id, tool=name, args=args, idempotent=spec.idempotent, turn=self.seq
+                ),
+                id=f"tool:{call_id}",
+            )
+            await self._append([*self.take_outputs(), intent])
+        try:
+            result = await spec.fn(**args)
+        except Exception as exc:
+            await self._record_result(
+                call_id, ToolStatus.ERROR, error=f"{type(exc).__name__}: {exc}"
+            )
+            raise ToolFailed(call_id, name, str(exc)) from exc
+        await self._record_result(call_id, ToolStatus.OK, result=result)
+        return result
+
+    async def _record_result(
+        self,
+        call_id: str,
+        status: ToolStatus,
+        *,
+        result: JsonValue = None,
+        error: str | None = None,
+    ) -> None:
+        entry = NewEntry.of(
+            ToolResultPayload(
+                call_id=call_id, status=status, result=result, error=error, turn=self.seq
+            ),
+            id=f"tool-result:{call_id}",
+        )
+        await self._append([*self.take_outputs(), entry])
+
+    def state_entry(self) -> NewEntry | None:
+        """The agent-state change of this turn, if ``values`` changed."""
+        if self.values == self._values_before:
+            return None
+        removed = self._values_before.keys() - self.values.keys()
+        changed = {
+            k: v for k, v in self.values.items() if self._values_before.get(k, _DELETED) != v
+        }
+        payload = StatePayload(
+            values=self.values if removed else changed,
+            replace=bool(removed),
+            schema_version=self.agent.state_schema,
+            turn=self.seq,
+        )
+        return NewEntry.of(payload, id=f"t{self.seq}:state")

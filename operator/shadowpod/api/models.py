@@ -1,0 +1,224 @@
+"""Request and response bodies of the gateway's HTTP API (``/v1``).
+
+Shared by the gateway (server) and its clients (agent runtime, engine adapters, load
+generators). Transport-free: no aiohttp here. ``openapi.yaml`` documents the same.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
+from shadowpod.domain.ownership import FenceState, Ownership
+
+API_PREFIX: Final = "/v1"
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- errors ---------------------------------------------------------------------------
+
+
+class FieldError(_Body):
+    loc: str
+    msg: str
+
+
+class ErrorBody(_Body):
+    """Every 4xx/5xx answer: ``reason`` is one CamelCase word to branch on."""
+
+    reason: str
+    message: str
+    errors: list[FieldError] = Field(default_factory=list)
+
+
+# --- clients --------------------------------------------------------------------------
+
+
+class PostMessage(_Body):
+    id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=ENTRY_ID_MAX,
+        description="Idempotency key: posting the same id again returns the first seq.",
+    )
+    content: str = Field(max_length=1_000_000)
+    role: Literal["user", "system"] = "user"
+    meta: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class Accepted(_Body):
+    session: str
+    seq: int
+    id: str
+    duplicate: bool
+
+
+class EventsPage(_Body):
+    events: list[dict[str, JsonValue]]
+    head: int
+
+
+# --- owners and shadows ---------------------------------------------------------------
+
+
+class AppendRequest(_Body):
+    epoch: int = Field(ge=1, description="The owner epoch the writer was given.")
+    entries: list[NewEntry]
+    after: int | None = Field(
+        default=None,
+        ge=0,
+        description="Also answer with the entries released to the owner after this seq.",
+    )
+
+
+class AppendedOut(_Body):
+    seq: int
+    id: str
+    duplicate: bool
+
+
+class AppendResponse(_Body):
+    appended: list[AppendedOut]
+    entries: list[dict[str, JsonValue]] = Field(
+        default_factory=list, description="With ``after``: the journal since."
+    )
+    released: int | None = Field(
+        default=None, description="With ``after``: the highest inbound seq the owner may process."
+    )
+
+
+class Deliveries(_Body):
+    entries: list[dict[str, JsonValue]]
+    released: int = Field(description="The highest inbound seq the owner may process.")
+
+
+class AckRequest(_Body):
+    epoch: int = Field(ge=1)
+    turn: int = Field(ge=1)
+
+
+class JournalPage(_Body):
+    entries: list[dict[str, JsonValue]]
+    head: int
+
+
+class ProcessReport(_Body):
+    name: str
+    pid: int | None = None
+    outcome: Literal["exited", "terminated", "killed"]
+    exit_code: int | None = None
+
+
+class DrainReport(_Body):
+    """What a fenced owner reports as it leaves: the background work it stopped."""
+
+    instance: str = Field(min_length=1, max_length=253)
+    epoch: int = Field(ge=1)
+    processes: list[ProcessReport] = Field(default_factory=list)
+
+
+# --- snapshots ------------------------------------------------------------------------
+
+
+class SnapshotPut(_Body):
+    watermark: int = Field(ge=0)
+    schema_version: int = Field(ge=1)
+    document: dict[str, JsonValue]
+
+
+class SnapshotInfoOut(_Body):
+    watermark: int
+    schema_version: int
+    size_bytes: int
+    created: str
+
+
+class SnapshotOut(_Body):
+    info: SnapshotInfoOut
+    document: dict[str, JsonValue]
+
+
+class SnapshotRequested(_Body):
+    seq: int = Field(description="The control entry asking the owner for a snapshot.")
+
+
+# --- control --------------------------------------------------------------------------
+
+
+class CredentialSpec(_Body):
+    name: str = Field(min_length=1, max_length=200)
+    secret_ref: str | None = Field(default=None, max_length=500)
+
+
+class ScheduleSpec(_Body):
+    schedule_id: str = Field(min_length=1, max_length=150)
+    every_s: float = Field(gt=0)
+    content: str = Field(default="", max_length=100_000)
+
+
+class CreateSession(_Body):
+    session: SessionId
+    meta: dict[str, str] = Field(default_factory=dict)
+    credentials: list[CredentialSpec] = Field(default_factory=list)
+    schedules: list[ScheduleSpec] = Field(default_factory=list)
+
+
+class SessionCreated(_Body):
+    session: str
+    agent_token: str = Field(description="Shown once; the owner and shadows present it.")
+
+
+class SessionSummary(_Body):
+    session: str
+    head: int
+    created: str
+
+
+class SessionStatus(_Body):
+    session: str
+    head: int
+    truncated_through: int
+    ownership: Ownership
+    acks: dict[int, int]
+    acked: int = Field(description="Last inbound seq processed, by any epoch.")
+    delivered_through: int = Field(description="Last inbound seq released to the owner.")
+    outstanding: int = Field(default=0, description="Inbound entries released and not yet acked.")
+    last_fence_pause_ms: float | None = None
+    fence_pause_pending: bool = Field(
+        default=False, description="The last fence held a message back whose turn has not started."
+    )
+    latest_snapshot: int | None = None
+
+
+class OwnershipChange(_Body):
+    expect_epoch: int = Field(ge=0)
+    epoch: int = Field(ge=1)
+    owner: str = Field(min_length=1, max_length=253)
+
+
+class FenceRequest(_Body):
+    expect_epoch: int = Field(ge=1, description="The epoch of the owner to fence.")
+    new_owner: str = Field(min_length=1, max_length=253)
+    timeout_s: float = Field(default=5.0, gt=0, le=300)
+
+
+class FenceResult(_Body):
+    epoch: int
+    fence_seq: int
+    waited_ms: float
+    delivered_through: int
+    acked: int
+
+
+class UnfenceRequest(_Body):
+    expect_epoch: int = Field(ge=0)
+
+
+class FenceStateOut(_Body):
+    epoch: int
+    fence: FenceState

@@ -1,0 +1,305 @@
+"""``GatewayClient``: every gateway route, for agents, engines and load generators."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Final, TypeVar
+
+import aiohttp
+import orjson
+from pydantic import BaseModel, JsonValue
+
+from shadowpod.api.models import (
+    Accepted,
+    AppendedOut,
+    CreateSession,
+    DrainReport,
+    EventsPage,
+    FenceRequest,
+    FenceResult,
+    OwnershipChange,
+    PostMessage,
+    SessionCreated,
+    SessionStatus,
+    SnapshotInfoOut,
+    SnapshotOut,
+    SnapshotPut,
+    SnapshotRequested,
+    UnfenceRequest,
+)
+from shadowpod.client.sse import iter_sse
+from shadowpod.domain.entries import JournalEntry, NewEntry, entry_from_json
+from shadowpod.domain.errors import ShadowpodError
+from shadowpod.domain.ownership import Ownership
+
+M = TypeVar("M", bound=BaseModel)
+REQUEST_TIMEOUT_S: Final = 30.0
+_STREAM_TIMEOUT: Final = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None)
+
+
+class GatewayError(ShadowpodError):
+    """A gateway answer other than success, with its status and ``reason``."""
+
+    def __init__(
+        self, status: int, reason: str, message: str, errors: list[Any] | None = None
+    ) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.errors = errors or []
+
+
+def _entries(data: str) -> list[JournalEntry]:
+    return [entry_from_json(item) for item in orjson.loads(data)]
+
+
+class GatewayClient:
+    def __init__(
+        self, base_url: str, token: str | None = None, *, timeout_s: float = REQUEST_TIMEOUT_S
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._http: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> GatewayClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=256, force_close=False),
+                json_serialize=lambda value: orjson.dumps(value).decode(),
+            )
+        return self._http
+
+    # --- plumbing ---------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: BaseModel | None = None,
+        plain: dict[str, Any] | None = None,
+        params: dict[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        if body is not None:
+            plain = body.model_dump(mode="json")
+        data = None if plain is None else orjson.dumps(plain)
+        headers = {"Content-Type": "application/json"} if data is not None else None
+        timeout = self._timeout if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        async with self.http.request(
+            method, self.base_url + path, data=data, params=params, headers=headers, timeout=timeout
+        ) as response:
+            raw = await response.read()
+            if response.status >= 400:
+                raise _error(response.status, raw)
+            return orjson.loads(raw) if raw else None
+
+    async def _stream(self, path: str, params: dict[str, Any]) -> AsyncIterator[list[JournalEntry]]:
+        async with self.http.get(
+            self.base_url + path,
+            params=params,
+            timeout=_STREAM_TIMEOUT,
+            headers={"Accept": "text/event-stream"},
+        ) as response:
+            if response.status >= 400:
+                raise _error(response.status, await response.read())
+            async for event in iter_sse(response.content):
+                if event.event == "entries":
+                    yield _entries(event.data)
+
+    # --- clients ----------------------------------------------------------------------
+
+    async def post_message(
+        self,
+        session: str,
+        content: str,
+        *,
+        id: str | None = None,
+        role: str = "user",
+        meta: dict[str, JsonValue] | None = None,
+    ) -> Accepted:
+        body = PostMessage.model_validate(
+            {"id": id, "content": content, "role": role, "meta": meta or {}}
+        )
+        return Accepted.model_validate(
+            await self._call("POST", f"/v1/sessions/{session}/messages", body=body)
+        )
+
+    async def events(
+        self,
+        session: str,
+        *,
+        after: int = 0,
+        limit: int = 1000,
+        wait_s: float = 0,
+        kinds: Sequence[str] = (),
+    ) -> EventsPage:
+        params: dict[str, Any] = {"after": after, "limit": limit, "wait": wait_s}
+        if kinds:
+            params["kinds"] = ",".join(kinds)
+        return EventsPage.model_validate(
+            await self._call("GET", f"/v1/sessions/{session}/events", params=params)
+        )
+
+    def event_stream(
+        self, session: str, *, after: int = 0, kinds: Sequence[str] = ()
+    ) -> AsyncIterator[list[JournalEntry]]:
+        params: dict[str, Any] = {"after": after}
+        if kinds:
+            params["kinds"] = ",".join(kinds)
+        return self._stream(f"/v1/sessions/{session}/events/stream", params)
+
+    async def status(self, session: str) -> SessionStatus:
+        return SessionStatus.model_validate(await self._call("GET", f"/v1/sessions/{session}"))
+
+    # --- owners and shadows -----------------------------------------------------------
+
+    async def owner_entries(
+        self,
+        session: str,
+        *,
+        epoch: int,
+        after: int,
+        released: int = 0,
+        wait_s: float = 0,
+        limit: int = 1000,
+    ) -> tuple[list[JournalEntry], int]:
+        """The journal after ``after`` and the release watermark for the owner at ``epoch``;
+        409 ``Fenced`` once replaced."""
+        answer = await self._call(
+            "GET",
+            f"/v1/sessions/{session}/owner/entries",
+            params={
+                "epoch": epoch,
+                "after": after,
+                "released": released,
+                "wait": wait_s,
+                "limit": limit,
+            },
+            timeout_s=wait_s + REQUEST_TIMEOUT_S,
+        )
+        return [entry_from_json(e) for e in answer["entries"]], int(answer["released"])
+
+    async def append(
+        self, session: str, *, epoch: int, entries: Sequence[NewEntry], after: int | None = None
+    ) -> tuple[list[AppendedOut], list[JournalEntry], int | None]:
+        """Append at ``epoch``; with ``after``, also get the journal since and the
+        release watermark."""
+        # The hot path of every turn: the body is built from the (already valid)
+        # entries directly rather than through ``AppendRequest``.
+        body = {
+            "epoch": epoch,
+            "entries": [{"id": e.id, "kind": e.kind, "payload": e.payload} for e in entries],
+            "after": after,
+        }
+        answer = await self._call("POST", f"/v1/sessions/{session}/journal", plain=body)
+        appended = [AppendedOut.model_construct(**a) for a in answer["appended"]]
+        released = answer.get("released")
+        return appended, [entry_from_json(e) for e in answer.get("entries", ())], released
+
+    async def drained(self, session: str, report: DrainReport) -> None:
+        await self._call("POST", f"/v1/sessions/{session}/drained", body=report)
+
+    async def journal(
+        self, session: str, *, after: int, limit: int = 5000, wait_s: float = 0
+    ) -> tuple[list[JournalEntry], int]:
+        answer = await self._call(
+            "GET",
+            f"/v1/sessions/{session}/journal",
+            params={"after": after, "limit": limit, "wait": wait_s},
+        )
+        return [entry_from_json(e) for e in answer["entries"]], int(answer["head"])
+
+    def journal_stream(self, session: str, *, after: int) -> AsyncIterator[list[JournalEntry]]:
+        return self._stream(f"/v1/sessions/{session}/journal/stream", {"after": after})
+
+    # --- snapshots --------------------------------------------------------------------
+
+    async def put_snapshot(
+        self, session: str, *, watermark: int, schema_version: int, document: dict[str, JsonValue]
+    ) -> SnapshotInfoOut:
+        body = SnapshotPut(watermark=watermark, schema_version=schema_version, document=document)
+        return SnapshotInfoOut.model_validate(
+            await self._call("PUT", f"/v1/sessions/{session}/snapshots", body=body)
+        )
+
+    async def latest_snapshot(self, session: str) -> SnapshotOut | None:
+        try:
+            answer = await self._call("GET", f"/v1/sessions/{session}/snapshots/latest")
+        except GatewayError as exc:
+            if exc.reason == "SnapshotNotFound":
+                return None
+            raise
+        return SnapshotOut.model_validate(answer)
+
+    async def snapshot(self, session: str, watermark: int) -> SnapshotOut:
+        return SnapshotOut.model_validate(
+            await self._call("GET", f"/v1/sessions/{session}/snapshots/{watermark}")
+        )
+
+    async def snapshots(self, session: str) -> list[SnapshotInfoOut]:
+        answer = await self._call("GET", f"/v1/sessions/{session}/snapshots")
+        return [SnapshotInfoOut.model_validate(s) for s in answer]
+
+    # --- control ----------------------------------------------------------------------
+
+    async def create_session(self, request: CreateSession) -> SessionCreated:
+        return SessionCreated.model_validate(await self._call("POST", "/v1/sessions", body=request))
+
+    async def delete_session(self, session: str) -> None:
+        await self._call("DELETE", f"/v1/sessions/{session}")
+
+    async def ownership(self, session: str) -> Ownership:
+        return Ownership.model_validate(
+            await self._call("GET", f"/v1/sessions/{session}/ownership")
+        )
+
+    async def set_ownership(self, session: str, change: OwnershipChange) -> Ownership:
+        return Ownership.model_validate(
+            await self._call("PUT", f"/v1/sessions/{session}/ownership", body=change)
+        )
+
+    async def fence(self, session: str, request: FenceRequest) -> FenceResult:
+        return FenceResult.model_validate(
+            await self._call("POST", f"/v1/sessions/{session}/fence", body=request)
+        )
+
+    async def unfence(self, session: str, *, expect_epoch: int) -> Ownership:
+        body = UnfenceRequest(expect_epoch=expect_epoch)
+        return Ownership.model_validate(
+            await self._call("POST", f"/v1/sessions/{session}/unfence", body=body)
+        )
+
+    async def request_snapshot(self, session: str) -> int:
+        answer = await self._call("POST", f"/v1/sessions/{session}/snapshot-requests")
+        return SnapshotRequested.model_validate(answer).seq
+
+
+def error_from_body(status: int, body: Any) -> GatewayError:
+    try:
+        return GatewayError(status, body["reason"], body["message"], body.get("errors"))
+    except (KeyError, TypeError):
+        return GatewayError(status, "HTTPError", str(body)[:500])
+
+
+def _error(status: int, raw: bytes) -> GatewayError:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return GatewayError(status, "HTTPError", raw.decode(errors="replace")[:500])
+    return error_from_body(status, body)

@@ -1,0 +1,1 @@
+"""The migration engine: pure phase logic driven through ports (no I/O of its own)."""

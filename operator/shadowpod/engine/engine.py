@@ -1,0 +1,404 @@
+"""The migration engine: ShadowPod + ExchangeFence as a state machine (DESIGN.md §4).
+
+The engine performs no I/O of its own: it acts through its ports. Each phase action
+can run again after a crash — it checks what the world already shows (is the shadow
+running? was the epoch already bumped?) before it acts — and the record is saved on
+every phase change, before the new phase acts. So ``run`` on a saved record continues
+correctly from wherever the previous engine stopped.
+
+Anything that fails before the epoch bump rolls back: the shadow is removed, any
+fence is lifted, and the source, which never stopped serving, stays owner. After the
+bump there is no way back; the engine finishes forward (restarting the new owner if
+it dies) or reports ``Failed`` for the normal recovery path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Final, TypeVar
+
+from shadowpod.domain.errors import ShadowpodError
+from shadowpod.domain.ownership import FenceState
+from shadowpod.engine.ports import (
+    FencePause,
+    FenceTimedOut,
+    InstanceSpec,
+    InstanceStatus,
+    RecordStore,
+    Runtime,
+    SessionControl,
+)
+from shadowpod.engine.record import (
+    COMMITTED_PHASES,
+    FenceInfo,
+    MigrationRecord,
+    Phase,
+)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+POLL_S: Final = 0.01
+Clock = Callable[[], float]
+
+
+class StepFailed(ShadowpodError):
+    """A phase cannot succeed; the message says why (it ends up in the record)."""
+
+    reason = "MigrationStepFailed"
+
+
+class MigrationEngine:
+    def __init__(
+        self,
+        runtime: Runtime,
+        control: SessionControl,
+        records: RecordStore,
+        *,
+        clock: Clock = time.monotonic,
+        poll_s: float = POLL_S,
+    ) -> None:
+        self.runtime = runtime
+        self.control = control
+        self.records = records
+        self._clock = clock
+        self._poll_s = poll_s
+
+    async def run(self, record: MigrationRecord) -> MigrationRecord:
+        """Drive ``record`` to a terminal phase, saving it on every phase change."""
+        await self.records.save(record)
+        while not record.done:
+            record = await self.step(record)
+            await self.records.save(record)
+        return record
+
+    async def step(self, record: MigrationRecord) -> MigrationRecord:
+        action = self._actions(record)[record.phase]
+        try:
+            return await action(record)
+        except (ShadowpodError, OSError, TimeoutError) as exc:
+            return self._failed(record, exc)
+
+    def _failed(self, record: MigrationRecord, exc: BaseException) -> MigrationRecord:
+        message = str(exc) or type(exc).__name__
+        logger.warning(
+            "migration step %s failed: %s",
+            record.phase,
+            message,
+            extra={"migration": record.spec.id},
+        )
+        if record.phase in (Phase.ROLLING_BACK,) or record.phase in COMMITTED_PHASES:
+            return record.enter(Phase.FAILED, failed_phase=record.phase, error=message)
+        if record.spec.policy.rollback_on_failure:
+            return record.enter(Phase.ROLLING_BACK, failed_phase=record.phase, error=message)
+        return record.enter(Phase.FAILED, failed_phase=record.phase, error=message)
+
+    def _actions(
+        self, record: MigrationRecord
+    ) -> dict[Phase, Callable[[MigrationRecord], Awaitable[MigrationRecord]]]:
+        common = {
+            Phase.PENDING: self._pending,
+            Phase.PREFLIGHT: self._preflight,
+            Phase.SNAPSHOTTING: self._snapshotting,
+            Phase.ROLLING_BACK: self._rolling_back,
+        }
+        if record.spec.strategy == "restart":
+            return {
+                **common,
+                Phase.STOPPING: self._restart_stopping,
+                Phase.COMMITTED: self._restart_committed,
+                Phase.RESTORING: self._restart_restoring,
+            }
+        return {
+            **common,
+            Phase.RESTORING: self._restoring,
+            Phase.CATCHING_UP: self._catching_up,
+            Phase.FENCING: self._fencing,
+            Phase.COMMITTED: self._committed,
+            Phase.DRAINING: self._draining,
+        }
+
+    # --- helpers ----------------------------------------------------------------------
+
+    async def _wait(
+        self, check: Callable[[], Awaitable[T | None]], *, timeout_s: float, what: str
+    ) -> T:
+        deadline = self._clock() + timeout_s
+        while True:
+            value = await check()
+            if value is not None:
+                return value
+            if self._clock() > deadline:
+                raise StepFailed(f"{what} did not happen within {timeout_s:g}s")
+            await asyncio.sleep(self._poll_s)
+
+    async def _alive(self, name: str, role: str) -> InstanceStatus:
+        status = await self.runtime.status(name)
+        if not status.alive:
+            detail = f": {status.error}" if status.error else ""
+            raise StepFailed(f"the {role} instance {name!r} is not running{detail}")
+        return status
+
+    # --- shared phases ----------------------------------------------------------------
+
+    async def _pending(self, record: MigrationRecord) -> MigrationRecord:
+        return record.enter(Phase.PREFLIGHT)
+
+    async def _preflight(self, record: MigrationRecord) -> MigrationRecord:
+        spec = record.spec
+        target = await self.runtime.describe(spec.target.image)
+        source = await self.runtime.describe(spec.source.image)
+        if source.state_schema not in target.reads_state_schemas:
+            raise StepFailed(
+                f"{spec.target.image} reads agent state schemas {target.reads_state_schemas}, but "
+                f"{spec.source.image} writes v{source.state_schema}: add a migration to the target"
+            )
+        missing = await self.runtime.missing_credentials(spec.target.image, spec.credentials)
+        if missing:
+            raise StepFailed(
+                f"credentials {', '.join(missing)} would not be mounted in {spec.target.image}; "
+                "create the Secrets before migrating"
+            )
+        ownership = await self.control.ownership(spec.session)
+        if ownership.owner != spec.source.name:
+            raise StepFailed(
+                f"session {spec.session!r} is owned by {ownership.owner!r}, not by the source "
+                f"{spec.source.name!r}"
+            )
+        return record.enter(Phase.SNAPSHOTTING, source_epoch=ownership.epoch)
+
+    async def _snapshotting(self, record: MigrationRecord) -> MigrationRecord:
+        session = record.spec.session
+        if record.snapshot_request_seq is None:
+            seq = await self.control.request_snapshot(session)
+            record = record.model_copy(update={"snapshot_request_seq": seq})
+            await self.records.save(record)
+        requested = record.snapshot_request_seq
+        assert requested is not None
+
+        async def stored() -> int | None:
+            watermark = await self.control.latest_snapshot(session)
+            return watermark if watermark is not None and watermark >= requested else None
+
+        watermark = await self._wait(
+            stored,
+            timeout_s=record.spec.policy.phase_timeout_s,
+            what=f"a snapshot of {session!r} by the source at seq {requested} or later",
+        )
+        next_phase = Phase.STOPPING if record.spec.strategy == "restart" else Phase.RESTORING
+        return record.enter(next_phase, snapshot_watermark=watermark)
+
+    async def _rolling_back(self, record: MigrationRecord) -> MigrationRecord:
+        spec = record.spec
+        ownership = await self.control.ownership(spec.session)
+        if (
+            record.source_epoch is not None
+            and ownership.epoch == record.source_epoch + 1
+            and ownership.owner == spec.target.name
+        ):
+            # The epoch was bumped after all (the failure came after the commit).
+            note = "rollback found the epoch already bumped; finishing forward"
+            fence = FenceInfo(
+                epoch=ownership.epoch,
+                fence_seq=ownership.fence_seq or 0,
+                waited_ms=0.0,
+                attempts=record.fence_attempts,
+            )
+            return record.enter(Phase.COMMITTED, fence=fence, notes=[*record.notes, note])
+        if spec.strategy == "shadow":
+            await self.runtime.stop(spec.target.name, grace_s=spec.policy.drain_grace_s)
+        if ownership.fence is FenceState.FENCED and ownership.epoch == record.source_epoch:
+            await self.control.unfence(spec.session, expect_epoch=ownership.epoch)
+        return record.enter(Phase.ROLLED_BACK)
+
+    # --- shadow strategy --------------------------------------------------------------
+
+    async def _restoring(self, record: MigrationRecord) -> MigrationRecord:
+        spec = record.spec
+        status = await self.runtime.status(spec.target.name)
+        if not status.alive:
+            await self.runtime.start(
+                InstanceSpec(
+                    name=spec.target.name,
+                    image=spec.target.image,
+                    session=spec.session,
+                    mode="shadow",
+                    snapshot=record.snapshot_watermark,
+                )
+            )
+
+        async def ready() -> InstanceStatus | None:
+            status = await self._alive(spec.target.name, "shadow")
+            return status if status.ready else None
+
+        await self._wait(
+            ready, timeout_s=spec.policy.phase_timeout_s, what="the shadow reporting ready"
+        )
+        return record.enter(Phase.CATCHING_UP)
+
+    async def _catching_up(self, record: MigrationRecord) -> MigrationRecord:
+        spec = record.spec
+
+        async def caught_up() -> InstanceStatus | None:
+            status = await self._alive(spec.target.name, "shadow")
+            if status.catchup_entries is None:
+                return None  # still replaying its first backlog
+            head = await self.control.head(spec.session)
+            return status if head - status.watermark <= spec.policy.catchup_lag_threshold else None
+
+        status = await self._wait(
+            caught_up, timeout_s=spec.policy.phase_timeout_s, what="the shadow catching up"
+        )
+        return record.enter(
+            Phase.FENCING,
+            catchup_entries=status.catchup_entries,
+            catchup_entries_per_s=status.catchup_entries_per_s,
+        )
+
+    async def _fencing(self, record: MigrationRecord) -> MigrationRecord:
+        spec, policy = record.spec, record.spec.policy
+        assert record.source_epoch is not None
+        ownership = await self.control.ownership(spec.session)
+        if ownership.epoch == record.source_epoch + 1 and ownership.owner == spec.target.name:
+            fence = FenceInfo(
+                epoch=ownership.epoch,
+                fence_seq=ownership.fence_seq or 0,
+                waited_ms=0.0,
+                attempts=record.fence_attempts,
+            )  # bumped before the engine stopped: the fence succeeded
+            return record.enter(Phase.COMMITTED, fence=fence)
+        if ownership.epoch != record.source_epoch:
+            raise StepFailed(
+                f"ownership of {spec.session!r} changed under the migration: epoch "
+                f"{ownership.epoch}, owner {ownership.owner!r}"
+            )
+        if ownership.fence is FenceState.FENCED:
+            # A fence left by a previous engine run (its gateway call died with it).
+            await self.control.unfence(spec.session, expect_epoch=ownership.epoch)
+        attempts = record.fence_attempts + 1
+        try:
+            outcome = await self.control.fence(
+                spec.session,
+                expect_epoch=record.source_epoch,
+                new_owner=spec.target.name,
+                timeout_s=policy.fence_timeout_s,
+            )
+        except FenceTimedOut as exc:
+            if attempts >= policy.max_fence_attempts:
+                raise StepFailed(
+                    f"the source stayed busy through {attempts} fence attempts: {exc}"
+                ) from exc
+            note = f"fence attempt {attempts} timed out (the source was mid-turn); retrying"
+            return record.enter(
+                Phase.CATCHING_UP, fence_attempts=attempts, notes=[*record.notes, note]
+            )
+        fence = FenceInfo(
+            epoch=outcome.epoch,
+            fence_seq=outcome.fence_seq,
+            waited_ms=outcome.waited_ms,
+            attempts=attempts,
+        )
+        return record.enter(Phase.COMMITTED, fence=fence, fence_attempts=attempts)
+
+    async def _committed(self, record: MigrationRecord) -> MigrationRecord:
+        """Wait for the new owner to take over; restart it if it died after the bump."""
+        spec = record.spec
+        assert record.fence is not None
+        epoch = record.fence.epoch
+        deadline = self._clock() + spec.policy.phase_timeout_s
+        while True:
+            status = await self.runtime.status(spec.target.name)
+            if status.alive and status.mode == "owner" and status.epoch == epoch:
+                return record.enter(Phase.DRAINING)
+            if not status.alive:
+                # The normal recovery path: a new instance from the latest snapshot.
+                await self.runtime.start(
+                    InstanceSpec(
+                        name=spec.target.name,
+                        image=spec.target.image,
+                        session=spec.session,
+                        mode="owner",
+                        epoch=epoch,
+                    )
+                )
+                record = record.model_copy(
+                    update={
+                        "recoveries": record.recoveries + 1,
+                        "notes": [*record.notes, f"new owner restarted at epoch {epoch}"],
+                    }
+                )
+                await self.records.save(record)
+            if self._clock() > deadline:
+                raise StepFailed(f"the new owner did not take over epoch {epoch} in time")
+            await asyncio.sleep(self._poll_s)
+
+    async def _draining(self, record: MigrationRecord) -> MigrationRecord:
+        spec, policy = record.spec, record.spec.policy
+
+        async def exited() -> bool | None:
+            return True if not (await self.runtime.status(spec.source.name)).alive else None
+
+        try:  # the source stops by itself once it sees it was superseded
+            await self._wait(
+                exited, timeout_s=policy.drain_grace_s + 2.0, what="the source exiting"
+            )
+        except StepFailed:
+            await self.runtime.stop(spec.source.name, grace_s=policy.drain_grace_s)
+
+        async def measured() -> FencePause | None:
+            pause = await self.control.fence_pause(spec.session)
+            return None if pause.pending else pause
+
+        try:
+            pause = (await self._wait(measured, timeout_s=2.0, what="a fence pause measurement")).ms
+        except StepFailed:
+            pause = None  # the held-back message was not served yet: nothing to report
+        return record.enter(Phase.SUCCEEDED, fence_pause_ms=pause)
+
+    # --- restart strategy: the stop-and-recreate baseline -----------------------------
+
+    async def _restart_stopping(self, record: MigrationRecord) -> MigrationRecord:
+        spec = record.spec
+        await self.runtime.stop(spec.source.name, grace_s=spec.policy.drain_grace_s)
+        return record.enter(Phase.COMMITTED)
+
+    async def _restart_committed(self, record: MigrationRecord) -> MigrationRecord:
+        spec = record.spec
+        assert record.source_epoch is not None
+        epoch = record.source_epoch + 1
+        ownership = await self.control.ownership(spec.session)
+        if ownership.epoch == record.source_epoch:
+            ownership = await self.control.set_owner(
+                spec.session, expect_epoch=record.source_epoch, epoch=epoch, owner=spec.target.name
+            )
+        elif not (ownership.epoch == epoch and ownership.owner == spec.target.name):
+            raise StepFailed(f"ownership changed under the migration: {ownership}")
+        fence = FenceInfo(
+            epoch=epoch, fence_seq=ownership.fence_seq or 0, waited_ms=0.0, attempts=0
+        )
+        return record.enter(Phase.RESTORING, fence=fence)
+
+    async def _restart_restoring(self, record: MigrationRecord) -> MigrationRecord:
+        spec = record.spec
+        assert record.fence is not None
+        if not (await self.runtime.status(spec.target.name)).alive:
+            await self.runtime.start(
+                InstanceSpec(
+                    name=spec.target.name,
+                    image=spec.target.image,
+                    session=spec.session,
+                    mode="owner",
+                    epoch=record.fence.epoch,
+                )
+            )
+
+        async def serving() -> InstanceStatus | None:
+            status = await self._alive(spec.target.name, "new owner")
+            return status if status.ready and status.mode == "owner" else None
+
+        await self._wait(
+            serving, timeout_s=spec.policy.phase_timeout_s, what="the new owner serving"
+        )
+        return record.enter(Phase.SUCCEEDED)

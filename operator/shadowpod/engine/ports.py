@@ -1,0 +1,132 @@
+"""The engine's ports: what it needs from the world, as protocols.
+
+- ``Runtime`` starts and stops agent instances of an image and tells their status
+  (local processes, or pods through the Kubernetes API).
+- ``SessionControl`` is the gateway's control API: snapshots, the fence, ownership.
+- ``RecordStore`` keeps the migration record (a file, or the ``AgentMigration``
+  status).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shadowpod.domain.errors import ShadowpodError
+from shadowpod.domain.ownership import Ownership
+from shadowpod.engine.record import MigrationRecord
+
+
+class ImageInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    image: str
+    state_schema: int = Field(ge=1, description="The agent state schema this image writes.")
+    reads_state_schemas: list[int]
+
+
+class InstanceSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    image: str
+    session: str
+    mode: Literal["owner", "shadow"]
+    epoch: int | None = None
+    snapshot: int | None = None
+
+
+class InstanceStatus(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    alive: bool
+    ready: bool = False
+    mode: str = "unknown"
+    epoch: int = 0
+    watermark: int = 0
+    catchup_entries: int | None = None
+    catchup_entries_per_s: float | None = None
+    promoted_fence_seq: int | None = None
+    state_digest: str | None = None
+    error: str | None = None
+
+
+class FenceOutcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    epoch: int
+    fence_seq: int
+    waited_ms: float
+
+
+class FencePause(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    ms: float | None = None
+    pending: bool = Field(default=False, description="Held back, not yet served: ask again.")
+
+
+class ImageNotFound(ShadowpodError):
+    reason = "ImageNotFound"
+
+
+class FenceTimedOut(ShadowpodError):
+    """The owner did not go idle within the fence timeout; the fence was lifted."""
+
+    reason = "FenceTimeout"
+
+
+class Runtime(Protocol):
+    async def describe(self, image: str) -> ImageInfo:
+        """What the image declares; ``ImageNotFound`` if it cannot be resolved."""
+        ...
+
+    async def missing_credentials(self, image: str, names: list[str]) -> list[str]:
+        """Which of ``names`` an instance of ``image`` would not have mounted."""
+        ...
+
+    async def start(self, spec: InstanceSpec) -> None: ...
+
+    async def status(self, name: str) -> InstanceStatus: ...
+
+    async def stop(self, name: str, *, grace_s: float) -> None:
+        """SIGTERM, up to ``grace_s``, then SIGKILL. Stopping a gone instance is fine."""
+        ...
+
+
+class SessionControl(Protocol):
+    async def head(self, session: str) -> int: ...
+
+    async def ownership(self, session: str) -> Ownership: ...
+
+    async def request_snapshot(self, session: str) -> int:
+        """Journal a snapshot request; returns its seq."""
+        ...
+
+    async def latest_snapshot(self, session: str) -> int | None:
+        """The watermark of the latest snapshot, if any."""
+        ...
+
+    async def fence(
+        self, session: str, *, expect_epoch: int, new_owner: str, timeout_s: float
+    ) -> FenceOutcome:
+        """Run the ExchangeFence; ``FenceTimedOut`` when the owner stayed busy."""
+        ...
+
+    async def unfence(self, session: str, *, expect_epoch: int) -> None: ...
+
+    async def set_owner(
+        self, session: str, *, expect_epoch: int, epoch: int, owner: str
+    ) -> Ownership: ...
+
+    async def fence_pause(self, session: str) -> FencePause:
+        """The wait of the first message the last fence held back, once measured."""
+        ...
+
+
+class RecordStore(Protocol):
+    async def save(self, record: MigrationRecord) -> None: ...
+
+    async def load(self, migration_id: str) -> MigrationRecord | None: ...

@@ -1,0 +1,142 @@
+"""A migration: what was asked (``MigrationSpec``) and where it stands (``MigrationRecord``).
+
+The record is saved every time the phase changes, before the new phase acts; a
+restarted engine continues from the saved record.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    PREFLIGHT = "Preflight"
+    SNAPSHOTTING = "Snapshotting"
+    RESTORING = "Restoring"
+    CATCHING_UP = "CatchingUp"
+    FENCING = "Fencing"
+    COMMITTED = "Committed"
+    DRAINING = "Draining"
+    SUCCEEDED = "Succeeded"
+    ROLLING_BACK = "RollingBack"
+    ROLLED_BACK = "RolledBack"
+    FAILED = "Failed"
+    # The restart baseline stops the source before it starts the target.
+    STOPPING = "Stopping"
+
+
+TERMINAL: Final = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED})
+# Phases after which the new epoch may exist: from here on there is no rolling back.
+COMMITTED_PHASES: Final = frozenset({Phase.COMMITTED, Phase.DRAINING, Phase.SUCCEEDED})
+
+Strategy = Literal["shadow", "restart"]
+
+
+class MigrationPolicy(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    fence_timeout_s: float = Field(default=2.0, gt=0)
+    max_fence_attempts: int = Field(default=3, ge=1)
+    catchup_lag_threshold: int = Field(default=50, ge=0, description="Entries behind the head.")
+    max_duration_s: float = Field(default=120.0, gt=0)
+    phase_timeout_s: float = Field(default=30.0, gt=0)
+    drain_grace_s: float = Field(default=5.0, ge=0)
+    rollback_on_failure: bool = True
+
+
+class InstanceRef(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    image: str
+
+
+class MigrationSpec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    session: str
+    source: InstanceRef
+    target: InstanceRef
+    strategy: Strategy = "shadow"
+    credentials: list[str] = Field(default_factory=list)
+    policy: MigrationPolicy = Field(default_factory=MigrationPolicy)
+    reason: str = "upgrade"
+
+
+class PhaseTiming(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    started: float
+    ended: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        return None if self.ended is None else self.ended - self.started
+
+
+class FenceInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    epoch: int
+    fence_seq: int
+    waited_ms: float
+    attempts: int
+
+
+class MigrationRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: MigrationSpec
+    phase: Phase = Phase.PENDING
+    started: float = Field(default_factory=time.time)
+    ended: float | None = None
+    timings: dict[str, PhaseTiming] = Field(default_factory=dict)
+    source_epoch: int | None = None
+    snapshot_request_seq: int | None = None
+    snapshot_watermark: int | None = None
+    fence_attempts: int = 0
+    fence: FenceInfo | None = None
+    fence_pause_ms: float | None = None
+    catchup_entries: int | None = None
+    catchup_entries_per_s: float | None = None
+    recoveries: int = 0
+    failed_phase: Phase | None = None
+    error: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.phase in TERMINAL
+
+    @property
+    def total_s(self) -> float | None:
+        return None if self.ended is None else self.ended - self.started
+
+    def enter(self, phase: Phase, *, now: float | None = None, **changes: Any) -> MigrationRecord:
+        """A copy in ``phase``, with the previous phase's timing closed."""
+        now = time.time() if now is None else now
+        timings = {name: timing.model_copy() for name, timing in self.timings.items()}
+        if self.phase in timings and timings[self.phase].ended is None:
+            timings[self.phase].ended = now
+        if phase not in timings or phase is self.phase:
+            timings.setdefault(phase, PhaseTiming(started=now))
+        else:  # re-entered (a fence retry goes back to CatchingUp): time from now on
+            timings[phase] = PhaseTiming(started=now)
+        update: dict[str, Any] = {"phase": phase, "timings": timings, **changes}
+        if phase in TERMINAL:
+            update["ended"] = now
+            timings[phase].ended = now
+        return self.model_copy(update=update)
+
+    def phase_seconds(self) -> dict[str, float]:
+        return {
+            name: round(seconds, 6)
+            for name, timing in self.timings.items()
+            if (seconds := timing.seconds) is not None and name not in TERMINAL
+        }

@@ -1,0 +1,42 @@
+"""Gateway settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from shadowpod.sessions.tokens import token_hash
+
+DEFAULT_MAX_BODY: Final = 1024 * 1024
+
+
+class GatewayConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    journal_url: str
+    host: str = "127.0.0.1"
+    port: int = Field(default=8800, ge=0, le=65535)
+    control_token_hashes: frozenset[str]
+    client_token_hashes: frozenset[str] = frozenset()
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY, ge=1024)
+    max_entries_per_append: int = Field(default=1000, ge=1)
+    max_page: int = Field(default=10_000, ge=1, description="Most entries per JSON page.")
+    max_wait_s: float = Field(default=30.0, gt=0, description="Longest long-poll.")
+    schedules: bool = Field(default=True, description="Fire the sessions' schedules.")
+    delivery_window: int = Field(
+        default=8,
+        ge=1,
+        description="Inbound entries released to an owner ahead of its acks; "
+        "a fence waits for at most these.",
+    )
+
+
+def read_tokens(path: Path) -> frozenset[str]:
+    """Hashes of the tokens in ``path``: one per line, blank lines and ``#`` comments ignored."""
+    lines = path.read_text().splitlines()
+    tokens = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    if not tokens:
+        raise ValueError(f"{path} holds no token: write one token per line")
+    return frozenset(token_hash(token) for token in tokens)

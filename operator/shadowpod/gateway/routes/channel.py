@@ -1,0 +1,191 @@
+"""The owner channel: one WebSocket for an owner's deliveries and appends.
+
+An owner is a long-lived peer that writes on every turn; a WebSocket saves it an
+HTTP request per turn, which on a busy session is most of its cost.
+
+Gateway to owner (JSON text frames):
+
+- ``{"op": "entries", "entries": [...], "released": R}`` — the journal after what
+  was last sent, pushed as it is committed, with the release watermark (the highest
+  inbound seq the owner may process; see ``shadowpod.sessions.gates``);
+- ``{"op": "appended", "id": <request id>, "appended": [[seq, id, duplicate], ...],
+  "entries": [...], "released": R}`` — the answer to an append carries the journal
+  since what was last sent (the owner's own entries included), so a busy owner needs
+  one round trip per turn;
+- ``{"op": "error", "id": <request id>, "status": 409, "reason": "Fenced", ...}``;
+- ``{"op": "superseded", "epoch": E, "current": C}`` — then the channel closes.
+
+Owner to gateway: ``{"op": "append", "id": <request id>, "entries": [...]}``, each
+entry validated exactly as on ``POST .../journal``; the epoch is the channel's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, Final
+
+import orjson
+from aiohttp import WSMsgType, web
+from pydantic import ValidationError
+
+from shadowpod.domain.entries import NewEntry
+from shadowpod.domain.errors import ShadowpodError
+from shadowpod.gateway.context import Gateway, gateway, int_query, session_of
+from shadowpod.gateway.errors import STATUS_OF, ApiError, field_errors
+from shadowpod.gateway.routes.owner import deliver, owner_append, something_new
+from shadowpod.journal.errors import Fenced
+from shadowpod.sessions.gates import SessionGate, Superseded
+
+logger = logging.getLogger(__name__)
+routes = web.RouteTableDef()
+PAGE: Final = 1000
+IDLE_CHECK_S: Final = 5.0
+
+
+class OwnerChannel:
+    def __init__(
+        self,
+        gw: Gateway,
+        gate: SessionGate,
+        session: str,
+        epoch: int,
+        ws: web.WebSocketResponse,
+        after: int,
+    ) -> None:
+        self.gw = gw
+        self.gate = gate
+        self.session = session
+        self.epoch = epoch
+        self.ws = ws
+        self.cursor = after
+        self.sent_released = -1
+        self._send_lock = asyncio.Lock()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        async with self._send_lock:
+            await self.ws.send_bytes(orjson.dumps(message))
+
+    async def pump(self) -> None:
+        """Push every new entry and every move of the release watermark."""
+        try:
+            while not self.ws.closed:
+                page, released = await deliver(
+                    self.gw, self.gate, self.session, self.epoch, self.cursor, PAGE
+                )
+                if page or released != self.sent_released:
+                    await self.send(
+                        {
+                            "op": "entries",
+                            "entries": [e.to_json() for e in page],
+                            "released": released,
+                        }
+                    )
+                    if page:
+                        self.cursor = page[-1].seq
+                    self.sent_released = released
+                    continue
+                await something_new(self.gw, self.gate, self.session, self.cursor, IDLE_CHECK_S)
+        except Superseded as exc:
+            await self.send({"op": "superseded", "epoch": exc.epoch, "current": exc.current})
+            await self.ws.close()
+        except (ConnectionResetError, RuntimeError):
+            pass  # the owner went away
+
+    async def handle(self, raw: str | bytes) -> None:
+        request_id: Any = None
+        try:
+            message = orjson.loads(raw)
+            request_id = message.get("id") if isinstance(message, dict) else None
+            if not isinstance(message, dict) or message.get("op") != "append":
+                raise ApiError(
+                    400, "InvalidRequest", 'expected {"op": "append", "id": ..., "entries": [...]}'
+                )
+            raw_entries = message.get("entries")
+            if not isinstance(raw_entries, list):
+                raise ApiError(400, "InvalidRequest", "entries: must be a list")
+            try:
+                entries = [NewEntry.model_validate(e) for e in raw_entries]
+            except ValidationError as exc:
+                raise ApiError(
+                    400,
+                    "InvalidRequest",
+                    f"invalid entry: {exc.errors()[0]['msg']}",
+                    field_errors(exc, "entries."),
+                ) from None
+            results = await owner_append(self.gw, self.session, entries, self.epoch)
+            await self.send(
+                {
+                    "op": "appended",
+                    "id": request_id,
+                    "appended": [[r.seq, r.id, r.duplicate] for r in results],
+                }
+            )
+        except orjson.JSONDecodeError as exc:
+            await self._error(
+                request_id, 400, "MalformedJSON", f"the message is not valid JSON: {exc}"
+            )
+        except ApiError as exc:
+            await self._error(
+                request_id, exc.status, exc.reason, str(exc), [e.model_dump() for e in exc.errors]
+            )
+        except ShadowpodError as exc:
+            await self._error(request_id, STATUS_OF.get(type(exc), 400), exc.reason, str(exc))
+
+    async def _error(
+        self,
+        request_id: Any,
+        status: int,
+        reason: str,
+        message: str,
+        errors: list[Any] | None = None,
+    ) -> None:
+        await self.send(
+            {
+                "op": "error",
+                "id": request_id,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "errors": errors or [],
+            }
+        )
+
+
+@routes.get("/v1/sessions/{session}/owner/channel", name="owner_channel")
+async def owner_channel(request: web.Request) -> web.StreamResponse:
+    gw = gateway(request)
+    session = session_of(request)
+    await gw.auth.agent(request, session)
+    epoch = int_query(request, "epoch", 0, minimum=1)
+    after = int_query(request, "after", 0)
+    current = await gw.store.get_ownership(session)
+    if current.epoch != epoch:
+        raise Fenced(session, epoch=epoch, current=current.epoch)
+    gate = await gw.gates.get(session)
+    ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=gw.config.max_body_bytes)
+    await ws.prepare(request)
+    channel = OwnerChannel(gw, gate, session, epoch, ws, after)
+    task = asyncio.current_task()
+    assert task is not None
+    gw.streams.add(task)
+    gauge = gw.metrics.streams.labels(kind="owner")
+    gauge.inc()
+    pump = asyncio.create_task(channel.pump())
+    try:
+        async for message in ws:
+            if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                await channel.handle(message.data)
+            elif message.type == WSMsgType.ERROR:
+                break
+    except asyncio.CancelledError:
+        pass
+    finally:
+        pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await pump
+        gauge.dec()
+        gw.streams.discard(task)
+        await ws.close()
+    return ws

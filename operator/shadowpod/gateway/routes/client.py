@@ -1,0 +1,126 @@
+"""Clients: post messages, read events (JSON long-poll or SSE), session status."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+from pydantic import JsonValue
+
+from shadowpod.api.models import Accepted, PostMessage, SessionStatus
+from shadowpod.domain.entries import JournalEntry, NewEntry, new_entry_id
+from shadowpod.domain.payloads import EntryKind
+from shadowpod.gateway.context import (
+    float_query,
+    gateway,
+    int_query,
+    json_response,
+    session_of,
+)
+from shadowpod.gateway.errors import read_body
+from shadowpod.gateway.streams import EntryFilter, open_stream, pump, resume_point
+from shadowpod.journal.store import JournalStore
+
+routes = web.RouteTableDef()
+
+
+@routes.post("/v1/sessions/{session}/messages", name="post_message")
+async def post_message(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    gw.auth.client(request)
+    session = session_of(request)
+    body = await read_body(request, PostMessage)
+    payload: dict[str, JsonValue] = {"role": body.role, "content": body.content}
+    if body.meta:
+        payload["meta"] = body.meta
+    entry = NewEntry(id=body.id or new_entry_id(), kind=EntryKind.MESSAGE, payload=payload)
+    [appended] = await gw.store.append(session, [entry])
+    source = "client"
+    gw.metrics.appends.labels(source=source).inc(0 if appended.duplicate else 1)
+    if appended.duplicate:
+        gw.metrics.duplicates.labels(source=source).inc()
+    accepted = Accepted(
+        session=session, seq=appended.seq, id=appended.id, duplicate=appended.duplicate
+    )
+    return json_response(accepted, status=202)
+
+
+def kinds_filter(request: web.Request) -> EntryFilter | None:
+    raw = request.query.get("kinds")
+    if not raw:
+        return None
+    kinds = frozenset(k.strip() for k in raw.split(",") if k.strip())
+    return lambda entry: entry.kind in kinds
+
+
+async def read_page(
+    store: JournalStore, session: str, after: int, limit: int, wait_s: float
+) -> list[JournalEntry]:
+    """Entries after ``after``; when there are none, wait up to ``wait_s`` for some."""
+    entries = await store.read(session, after, limit)
+    if entries or wait_s <= 0:
+        return entries
+    try:
+        async with asyncio.timeout(wait_s):
+            async for batch in store.follow_batches(session, after):
+                return list(batch[:limit])
+    except TimeoutError:
+        pass
+    return []
+
+
+@routes.get("/v1/sessions/{session}/events", name="get_events")
+async def get_events(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    gw.auth.client(request)
+    session = session_of(request)
+    after = int_query(request, "after", 0)
+    limit = min(int_query(request, "limit", 1000, minimum=1), gw.config.max_page)
+    wait_s = float_query(request, "wait", 0.0, maximum=gw.config.max_wait_s)
+    keep = kinds_filter(request)
+    entries = await read_page(gw.store, session, after, limit, wait_s)
+    head = entries[-1].seq if entries else await gw.store.head(session)
+    events = [e.to_json() for e in entries if keep is None or keep(e)]
+    return json_response({"events": events, "head": head})
+
+
+@routes.get("/v1/sessions/{session}/events/stream", name="stream_events")
+async def stream_events(request: web.Request) -> web.StreamResponse:
+    gw = gateway(request)
+    gw.auth.client(request)
+    session = session_of(request)
+    after = resume_point(request)
+    await gw.store.head(session)  # 404 before the stream starts, not inside it
+    async with open_stream(gw, request, "client") as sse:
+        await pump(sse, gw.store.follow_batches(session, after), kinds_filter(request))
+    return sse
+
+
+@routes.get("/v1/sessions/{session}", name="get_session")
+async def get_session(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    gw.auth.client(request)
+    session = session_of(request)
+    info = await gw.store.get_session(session)
+    ownership = await gw.store.get_ownership(session)
+    acks = await gw.store.acks(session)
+    snapshots = await gw.store.list_snapshots(session)
+    gate = gw.gates.known(session)
+    pause = (
+        None if gate is None or gate.last_fence_pause_s is None else gate.last_fence_pause_s * 1000
+    )
+    acked = max(acks.values(), default=0)
+    status = SessionStatus(
+        session=session,
+        head=info.head,
+        truncated_through=info.truncated_through,
+        ownership=ownership,
+        acks=acks,
+        acked=acked,
+        delivered_through=acked if gate is None else gate.released_through,
+        outstanding=0 if gate is None else gate.outstanding,
+        last_fence_pause_ms=pause,
+        fence_pause_pending=gate is not None and gate.pause_pending,
+        latest_snapshot=snapshots[-1].watermark if snapshots else None,
+    )
+    return json_response(status)

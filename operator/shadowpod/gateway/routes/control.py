@@ -1,0 +1,169 @@
+"""Control (operator, migration engine): sessions, ownership, the ExchangeFence."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from shadowpod.api.models import (
+    CreateSession,
+    FenceRequest,
+    FenceResult,
+    OwnershipChange,
+    SessionCreated,
+    SessionSummary,
+    SnapshotRequested,
+    UnfenceRequest,
+)
+from shadowpod.domain.entries import NewEntry, format_ts
+from shadowpod.domain.ownership import FenceState, Ownership
+from shadowpod.domain.payloads import (
+    ControlEvent,
+    ControlPayload,
+    CredentialPayload,
+    ScheduleOp,
+    SchedulePayload,
+)
+from shadowpod.gateway.context import gateway, json_response, session_of
+from shadowpod.gateway.errors import ApiError, read_body
+from shadowpod.journal.errors import EpochConflict
+from shadowpod.sessions.fence import FenceTimeout
+from shadowpod.sessions.tokens import AGENT_TOKEN_META, new_token, token_hash
+
+routes = web.RouteTableDef()
+
+
+@routes.post("/v1/sessions", name="create_session")
+async def create_session(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    gw.auth.control(request)
+    body = await read_body(request, CreateSession)
+    if AGENT_TOKEN_META in body.meta:
+        raise ApiError(400, "InvalidRequest", f"meta key {AGENT_TOKEN_META!r} is reserved")
+    token = new_token()
+    await gw.store.create_session(
+        body.session, meta={**body.meta, AGENT_TOKEN_META: token_hash(token)}
+    )
+    entries = [
+        NewEntry.of(
+            CredentialPayload(name=c.name, secret_ref=c.secret_ref), id=f"credential:{c.name}"
+        )
+        for c in body.credentials
+    ]
+    entries += [
+        NewEntry.of(
+            SchedulePayload(
+                schedule_id=s.schedule_id, op=ScheduleOp.SET, every_s=s.every_s, content=s.content
+            ),
+            id=f"schedule-set:{s.schedule_id}",
+        )
+        for s in body.schedules
+    ]
+    if entries:
+        await gw.store.append(body.session, entries)
+        gw.metrics.appends.labels(source="control").inc(len(entries))
+    if body.schedules:
+        gw.firer.touch(body.session)
+    return json_response(SessionCreated(session=body.session, agent_token=token), status=201)
+
+
+@routes.get("/v1/sessions", name="list_sessions")
+async def list_sessions(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    gw.auth.control(request)
+    sessions = await gw.store.list_sessions()
+    return json_response(
+        [
+            SessionSummary(
+                session=s.session, head=s.head, created=format_ts(s.created)
+            ).model_dump()
+            for s in sessions
+        ]
+    )
+
+
+@routes.delete("/v1/sessions/{session}", name="delete_session")
+async def delete_session(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    gw.auth.control(request)
+    session = session_of(request)
+    await gw.store.delete_session(session)
+    gw.forget(session)
+    return web.Response(status=204)
+
+
+@routes.get("/v1/sessions/{session}/ownership", name="get_ownership")
+async def get_ownership(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    gw.auth.control(request)
+    return json_response(await gw.store.get_ownership(session_of(request)))
+
+
+@routes.put("/v1/sessions/{session}/ownership", name="put_ownership")
+async def put_ownership(request: web.Request) -> web.Response:
+    """Hand the session to an owner by compare-and-set (first owner, or recovery)."""
+    gw = gateway(request)
+    gw.auth.control(request)
+    session = session_of(request)
+    body = await read_body(request, OwnershipChange)
+    gate = await gw.gates.get(session)
+    async with gate.lock:  # never while an ExchangeFence of this session runs
+        changed = await gw.store.compare_and_set_ownership(
+            session,
+            body.expect_epoch,
+            Ownership(epoch=body.epoch, owner=body.owner, fence=FenceState.OPEN),
+        )
+        await gw.gates.epoch_changed(gate, changed)
+    return json_response(changed)
+
+
+@routes.post("/v1/sessions/{session}/fence", name="fence")
+async def fence(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    gw.auth.control(request)
+    session = session_of(request)
+    body = await read_body(request, FenceRequest)
+    try:
+        outcome = await gw.fence.exchange(
+            session,
+            expect_epoch=body.expect_epoch,
+            new_owner=body.new_owner,
+            timeout_s=body.timeout_s,
+        )
+    except FenceTimeout as exc:
+        gw.metrics.fences.labels(result="timeout").inc()
+        gw.metrics.fence_wait.observe(exc.waited_s)
+        raise
+    except EpochConflict:
+        gw.metrics.fences.labels(result="conflict").inc()
+        raise
+    gw.metrics.fences.labels(result="committed").inc()
+    gw.metrics.fence_wait.observe(outcome.waited_s)
+    result = FenceResult(
+        epoch=outcome.epoch,
+        fence_seq=outcome.fence_seq,
+        waited_ms=round(outcome.waited_s * 1000, 3),
+        delivered_through=outcome.released_through,
+        acked=outcome.acked,
+    )
+    return json_response(result)
+
+
+@routes.post("/v1/sessions/{session}/unfence", name="unfence")
+async def unfence(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    gw.auth.control(request)
+    session = session_of(request)
+    body = await read_body(request, UnfenceRequest)
+    return json_response(await gw.fence.unfence(session, expect_epoch=body.expect_epoch))
+
+
+@routes.post("/v1/sessions/{session}/snapshot-requests", name="request_snapshot")
+async def request_snapshot(request: web.Request) -> web.Response:
+    """Ask the owner for a snapshot while it serves: the request is a journal entry."""
+    gw = gateway(request)
+    gw.auth.control(request)
+    session = session_of(request)
+    [appended] = await gw.store.append(
+        session, [NewEntry.of(ControlPayload(event=ControlEvent.SNAPSHOT_REQUEST))]
+    )
+    return json_response(SnapshotRequested(seq=appended.seq), status=202)

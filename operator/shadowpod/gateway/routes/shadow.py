@@ -1,0 +1,39 @@
+"""Shadows: the whole journal from a seq, as JSON pages (catch-up) or a stream (tail)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from shadowpod.api.models import JournalPage
+from shadowpod.gateway.context import float_query, gateway, int_query, json_response, session_of
+from shadowpod.gateway.routes.client import read_page
+from shadowpod.gateway.streams import open_stream, pump, resume_point
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/v1/sessions/{session}/journal", name="get_journal")
+async def get_journal(request: web.Request) -> web.Response:
+    gw = gateway(request)
+    session = session_of(request)
+    await gw.auth.agent(request, session)
+    after = int_query(request, "after", 0)
+    limit = min(int_query(request, "limit", 1000, minimum=1), gw.config.max_page)
+    wait_s = float_query(request, "wait", 0.0, maximum=gw.config.max_wait_s)
+    entries = await read_page(gw.store, session, after, limit, wait_s)
+    head = await gw.store.head(session)
+    gw.metrics.shadow_lag.observe(max(0, head - after))
+    page = JournalPage(entries=[e.to_json() for e in entries], head=head)
+    return json_response(page)
+
+
+@routes.get("/v1/sessions/{session}/journal/stream", name="stream_journal")
+async def stream_journal(request: web.Request) -> web.StreamResponse:
+    gw = gateway(request)
+    session = session_of(request)
+    await gw.auth.agent(request, session)
+    after = resume_point(request)
+    gw.metrics.shadow_lag.observe(max(0, await gw.store.head(session) - after))
+    async with open_stream(gw, request, "shadow") as sse:
+        await pump(sse, gw.store.follow_batches(session, after))
+    return sse

@@ -1,0 +1,135 @@
+"""``LocalDeployment``: a gateway, agent instances and the engine, all on this machine."""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+from shadowpod.api.models import CreateSession, CredentialSpec, OwnershipChange, ScheduleSpec
+from shadowpod.client.gateway import GatewayClient
+from shadowpod.engine.engine import MigrationEngine
+from shadowpod.engine.ports import InstanceSpec, InstanceStatus
+from shadowpod.engine.record import (
+    InstanceRef,
+    MigrationPolicy,
+    MigrationRecord,
+    MigrationSpec,
+    Strategy,
+)
+from shadowpod.local.control import GatewayControl
+from shadowpod.local.gateway_process import GatewayProcess
+from shadowpod.local.images import ImageMap
+from shadowpod.local.records import FileRecordStore
+from shadowpod.local.runtime import LocalRuntime
+
+
+class LocalDeployment:
+    def __init__(self, workdir: Path, images: ImageMap, *, journal_url: str | None = None) -> None:
+        self.workdir = workdir
+        self.gateway = GatewayProcess(workdir / "gateway", journal_url=journal_url)
+        self.runtime = LocalRuntime(images, gateway_url=self.gateway.url, workdir=workdir)
+        self.records = FileRecordStore(workdir / "migrations")
+        self.admin = GatewayClient(self.gateway.url, self.gateway.control_token)
+        self.control = GatewayControl(self.admin)
+        self.engine = MigrationEngine(self.runtime, self.control, self.records)
+        self._names = itertools.count(1)
+
+    async def __aenter__(self) -> LocalDeployment:
+        await self.gateway.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.runtime.close()
+        await self.admin.close()
+        await self.gateway.stop()
+
+    def client(self) -> GatewayClient:
+        """A client as end users have one (no token: client routes are open here)."""
+        return GatewayClient(self.gateway.url)
+
+    def add_credential(self, name: str, value: str) -> None:
+        """A credential the runtime can mount (a file, as a Secret volume would be)."""
+        path = self.runtime.credentials_dir / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(value)
+        path.chmod(0o600)
+
+    async def create_session(
+        self,
+        session: str,
+        *,
+        image: str,
+        instance: str,
+        credentials: Sequence[str] = (),
+        schedules: Sequence[ScheduleSpec] = (),
+    ) -> str:
+        """Create ``session`` and start its first owner (epoch 1). Returns the agent token."""
+        created = await self.admin.create_session(
+            CreateSession(
+                session=session,
+                credentials=[
+                    CredentialSpec(name=name, secret_ref=f"{session}-credentials/{name}")
+                    for name in credentials
+                ],
+                schedules=list(schedules),
+            )
+        )
+        self.runtime.register_session(session, created.agent_token)
+        await self.admin.set_ownership(
+            session, OwnershipChange(expect_epoch=0, epoch=1, owner=instance)
+        )
+        await self.runtime.start(
+            InstanceSpec(name=instance, image=image, session=session, mode="owner", epoch=1)
+        )
+        await self.wait_serving(instance)
+        return created.agent_token
+
+    async def wait_serving(self, instance: str, *, timeout_s: float = 30.0) -> InstanceStatus:
+        import asyncio
+
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            status = await self.runtime.status(instance)
+            if status.ready and status.mode == "owner":
+                return status
+            if (
+                not status.alive
+                and status.error is not None
+                and "never started" not in status.error
+            ):
+                raise RuntimeError(f"instance {instance!r} {status.error}")
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"instance {instance!r} did not start serving")
+            await asyncio.sleep(0.02)
+
+    def next_name(self, session: str) -> str:
+        return f"{session}-{next(self._names)}"
+
+    def plan(
+        self,
+        session: str,
+        *,
+        source: InstanceRef,
+        target_image: str,
+        strategy: Strategy = "shadow",
+        credentials: Sequence[str] = (),
+        policy: MigrationPolicy | None = None,
+    ) -> MigrationRecord:
+        spec = MigrationSpec(
+            id=f"{session}-{uuid.uuid4().hex[:8]}",
+            session=session,
+            source=source,
+            target=InstanceRef(name=self.next_name(session), image=target_image),
+            strategy=strategy,
+            credentials=list(credentials),
+            policy=policy or MigrationPolicy(),
+        )
+        return MigrationRecord(spec=spec)
+
+    async def migrate(self, record: MigrationRecord) -> MigrationRecord:
+        return await self.engine.run(record)

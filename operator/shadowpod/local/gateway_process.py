@@ -1,0 +1,89 @@
+"""A gateway as a child process (``shadowpod gateway``), for local deployments and tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Final
+
+import aiohttp
+
+READY_TIMEOUT_S: Final = 30.0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class GatewayProcess:
+    """``start()`` launches and waits for ``/readyz``; ``stop()`` sends SIGTERM (or SIGKILL)."""
+
+    def __init__(
+        self, workdir: Path, *, journal_url: str | None = None, port: int | None = None
+    ) -> None:
+        self.workdir = workdir
+        self.journal_url = journal_url or f"sqlite:///{workdir / 'journal.db'}"
+        self.host = "127.0.0.1"
+        self.port = port or free_port()
+        self.control_token = secrets.token_urlsafe(24)
+        self.log = workdir / "gateway.log"
+        self.process: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        token_file = self.workdir / "control-token"
+        token_file.write_text(self.control_token + "\n")
+        token_file.chmod(0o600)
+        with self.log.open("ab") as sink:
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "shadowpod", "gateway",
+                "--journal", self.journal_url,
+                "--host", self.host,
+                "--port", str(self.port),
+                "--control-token-file", str(token_file),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=sink,
+                stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+        await self._wait_ready()
+
+    async def _wait_ready(self) -> None:
+        deadline = asyncio.get_running_loop().time() + READY_TIMEOUT_S
+        async with aiohttp.ClientSession() as http:
+            while True:
+                assert self.process is not None
+                if self.process.returncode is not None:
+                    raise RuntimeError(
+                        f"the gateway exited with {self.process.returncode}; see {self.log}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError):
+                    async with http.get(
+                        f"{self.url}/readyz", timeout=aiohttp.ClientTimeout(total=1)
+                    ) as response:
+                        if response.status == 200:
+                            return
+                if asyncio.get_running_loop().time() > deadline:
+                    raise RuntimeError(f"the gateway did not become ready; see {self.log}")
+                await asyncio.sleep(0.05)
+
+    async def stop(self, *, kill: bool = False) -> None:
+        if self.process is None or self.process.returncode is not None:
+            return
+        self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            await asyncio.wait_for(self.process.wait(), timeout=10)
+        except TimeoutError:
+            self.process.kill()
+            await self.process.wait()

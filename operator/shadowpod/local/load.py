@@ -1,0 +1,205 @@
+"""Client load, and the invariants checked from the client's side of the gateway.
+
+``ClientLoad`` posts messages at a steady rate (each with its own idempotency id,
+retried with the same id when the gateway does not answer) and watches the replies
+on the event stream. ``verdict()`` then says, for the messages it sent: how many got
+no reply (lost), more than one (duplicated), replies out of order (reordered), which
+versions answered, and the latencies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Final
+
+import aiohttp
+
+from shadowpod.client.gateway import GatewayClient, GatewayError
+from shadowpod.stats import percentile
+
+RETRY_S: Final = 0.05
+GIVE_UP_S: Final = 60.0
+
+
+@dataclass
+class Sent:
+    n: int
+    id: str
+    at: float
+    seq: int | None = None
+
+
+@dataclass
+class Reply:
+    turn: int
+    seq: int
+    content: str
+    version: str
+    at: float
+
+
+@dataclass
+class Verdict:
+    sent: int
+    accepted: int
+    replied: int
+    lost: int
+    duplicated: int
+    reordered: int
+    versions: dict[str, int]
+    version_switches: int
+    latency_ms: dict[str, float]
+    unanswered_ids: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.lost == 0
+            and self.duplicated == 0
+            and self.reordered == 0
+            and self.version_switches <= 1
+        )
+
+
+class ClientLoad:
+    def __init__(
+        self, client: GatewayClient, session: str, rate: float, *, prefix: str = "load"
+    ) -> None:
+        if rate <= 0:
+            raise ValueError("rate must be positive")
+        self.client = client
+        self.session = session
+        self.rate = rate
+        self.prefix = prefix
+        self.sent: list[Sent] = []
+        self.by_seq: dict[int, Sent] = {}
+        self.replies: dict[int, list[Reply]] = {}
+        self.reply_order: list[int] = []
+        self.other_replies: list[Reply] = []
+        self._last_seen = 0
+        self._failures = 0
+
+    # --- sending ----------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Send at ``rate`` until ``stop`` is set; then wait for every send to be accepted."""
+        loop = asyncio.get_running_loop()
+        interval = 1.0 / self.rate
+        due = loop.time()
+        tasks: set[asyncio.Task[None]] = set()
+        n = 0
+        while not stop.is_set():
+            message = Sent(n=n, id=f"{self.prefix}-{n}", at=time.monotonic())
+            self.sent.append(message)
+            task = asyncio.create_task(self._send(message))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            n += 1
+            due += interval
+            delay = due - loop.time()
+            if delay > 0:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=delay)
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def _send(self, message: Sent) -> None:
+        deadline = time.monotonic() + GIVE_UP_S
+        while True:
+            try:
+                accepted = await self.client.post_message(
+                    self.session, f"message {message.n}", id=message.id
+                )
+            except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
+                if isinstance(exc, GatewayError) and exc.status < 500:
+                    raise
+                self._failures += 1
+                if time.monotonic() > deadline:
+                    return  # counted as never accepted
+                await asyncio.sleep(RETRY_S)
+                continue
+            message.seq = accepted.seq
+            self.by_seq[accepted.seq] = message
+            return
+
+    # --- watching ---------------------------------------------------------------------
+
+    async def watch(self) -> None:
+        """Collect assistant replies from the event stream (resuming after any drop)."""
+        while True:
+            try:
+                async for batch in self.client.event_stream(
+                    self.session, after=self._last_seen, kinds=["message"]
+                ):
+                    now = time.monotonic()
+                    for entry in batch:
+                        self._last_seen = entry.seq
+                        payload = entry.payload
+                        turn = payload.get("turn")
+                        if payload.get("role") != "assistant" or not isinstance(turn, int):
+                            continue
+                        meta = payload.get("meta") or {}
+                        reply = Reply(
+                            turn,
+                            entry.seq,
+                            str(payload.get("content", "")),
+                            str(meta.get("version", "?")),
+                            now,
+                        )
+                        self.replies.setdefault(turn, []).append(reply)
+                        self.reply_order.append(turn)
+            except (aiohttp.ClientError, TimeoutError, GatewayError):
+                await asyncio.sleep(RETRY_S)
+
+    async def wait_answered(self, timeout_s: float) -> bool:
+        """Until every accepted message has a reply (or the timeout)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(s.seq is not None and s.seq in self.replies for s in self.sent):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    # --- judging ----------------------------------------------------------------------
+
+    def latencies(self, window: Callable[[Sent], bool] | None = None) -> list[float]:
+        """Seconds from sending to the first reply, for answered messages in ``window``."""
+        return [
+            self.replies[s.seq][0].at - s.at
+            for s in self.sent
+            if s.seq is not None and s.seq in self.replies and (window is None or window(s))
+        ]
+
+    def verdict(self) -> Verdict:
+        mine = [s for s in self.sent if s.seq is not None]
+        replied = [s for s in mine if s.seq in self.replies]
+        duplicated = sum(
+            1 for s in mine if s.seq is not None and len(self.replies.get(s.seq, [])) > 1
+        )
+        ours = [turn for turn in self.reply_order if turn in self.by_seq]
+        reordered = sum(1 for before, after in itertools.pairwise(ours) if after < before)
+        versions = [self.replies[turn][0].version for turn in sorted(set(ours))]
+        switches = sum(1 for before, after in itertools.pairwise(versions) if before != after)
+        latencies = self.latencies()
+        return Verdict(
+            sent=len(self.sent),
+            accepted=len(mine),
+            replied=len(replied),
+            lost=len(self.sent) - len(replied),
+            duplicated=duplicated,
+            reordered=reordered,
+            versions=dict(Counter(versions)),
+            version_switches=switches,
+            latency_ms={
+                "p50": round(percentile(latencies, 50) * 1000, 2),
+                "p99": round(percentile(latencies, 99) * 1000, 2),
+                "max": round(max(latencies, default=0.0) * 1000, 2),
+            },
+            unanswered_ids=[s.id for s in self.sent if s not in replied][:20],
+        )

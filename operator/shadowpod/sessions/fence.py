@@ -1,0 +1,158 @@
+"""The ExchangeFence: the cutover of a session from one owner to the next (DESIGN §4.5).
+
+1. Fence: the gate stops releasing inbound entries to the current owner. Inbound
+   keeps being journaled; the journal is the buffer.
+2. Wait until the owner has acked every inbound entry it was given (no turn in
+   progress), or the timeout passes — then unfence: delivery to the same owner
+   resumes and nothing was lost.
+3. Bump the epoch with a compare-and-set. The store journals the ``epoch`` marker in
+   the same transaction and records its seq as ``fence_seq``; from that instant the
+   old owner can write nothing.
+
+The new owner (the shadow that has been tailing the journal) sees the marker naming
+it, becomes owner, and receives the buffered inbound entries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from shadowpod.domain.entries import JournalEntry, NewEntry, is_inbound
+from shadowpod.domain.errors import ShadowpodError
+from shadowpod.domain.ownership import FenceState, Ownership
+from shadowpod.domain.payloads import ControlEvent, ControlPayload, EntryKind
+from shadowpod.journal.errors import EpochConflict
+from shadowpod.journal.store import JournalStore
+from shadowpod.sessions.gates import PauseTarget, SessionGate, SessionGates
+
+
+class FenceTimeout(ShadowpodError):
+    reason = "FenceTimeout"
+
+    def __init__(self, session: str, *, waited_s: float, released: int, acked: int) -> None:
+        self.waited_s = waited_s
+        self.released = released
+        self.acked = acked
+        super().__init__(
+            f"session {session!r}: the owner did not finish its turn within "
+            f"{waited_s:.3f}s (acked {acked}, needs {released}); the fence was lifted and "
+            "delivery resumed — retry when the owner is idle, or raise the fence timeout"
+        )
+
+
+@dataclass(frozen=True)
+class FenceOutcome:
+    epoch: int
+    fence_seq: int
+    waited_s: float
+    released_through: int
+    acked: int
+
+
+def _marker(event: ControlEvent, epoch: int, reason: str, **detail: str | int) -> NewEntry:
+    return NewEntry.of(ControlPayload(event=event, epoch=epoch, reason=reason, detail=dict(detail)))
+
+
+class ExchangeFence:
+    def __init__(self, store: JournalStore, gates: SessionGates) -> None:
+        self._store = store
+        self._gates = gates
+
+    async def exchange(
+        self, session: str, *, expect_epoch: int, new_owner: str, timeout_s: float
+    ) -> FenceOutcome:
+        gate = await self._gates.get(session)
+        async with gate.lock:
+            current = await self._store.get_ownership(session)
+            if current.epoch != expect_epoch:
+                raise EpochConflict(session, expected=expect_epoch, current=current)
+            fenced = await self._store.compare_and_set_ownership(
+                session, expect_epoch, current.model_copy(update={"fence": FenceState.FENCED})
+            )
+            await gate.fence()
+            started = time.monotonic()
+            committed = False
+            try:
+                await self._store.append(
+                    session,
+                    [_marker(ControlEvent.FENCE, expect_epoch, "exchange", new_owner=new_owner)],
+                )
+                target = gate.released_through
+                head = await self._store.head(session)
+                acked = await self._wait_quiescent(session, head, target, timeout_s)
+                waited = time.monotonic() - started
+                if acked < target:
+                    raise FenceTimeout(session, waited_s=waited, released=target, acked=acked)
+                gate.watch_pause(expect_epoch + 1)
+                bumped = await self._store.compare_and_set_ownership(
+                    session,
+                    expect_epoch,
+                    Ownership(epoch=expect_epoch + 1, owner=new_owner, fence=FenceState.OPEN),
+                )
+                committed = True
+                assert bumped.fence_seq is not None
+                await self._gates.epoch_changed(gate, bumped)
+                # Everything inbound after what was released, up to the bump, was held back.
+                held = await self._first_held_back(session, target, bumped.fence_seq)
+                gate.expect_pause(
+                    None if held is None else PauseTarget(bumped.epoch, held.seq, held.ts)
+                )
+                return FenceOutcome(
+                    epoch=bumped.epoch,
+                    fence_seq=bumped.fence_seq,
+                    waited_s=waited,
+                    released_through=target,
+                    acked=acked,
+                )
+            finally:
+                if not committed:
+                    await self._lift(session, gate, fenced, reason="exchange-aborted")
+
+    async def unfence(self, session: str, *, expect_epoch: int) -> Ownership:
+        """Lift a fence left by an exchange that did not finish (e.g. its caller died)."""
+        gate = await self._gates.get(session)
+        async with gate.lock:
+            current = await self._store.get_ownership(session)
+            if current.epoch != expect_epoch:
+                raise EpochConflict(session, expected=expect_epoch, current=current)
+            if current.fence is FenceState.OPEN and not gate.fenced:
+                return current
+            return await self._lift(session, gate, current, reason="requested")
+
+    async def _lift(
+        self, session: str, gate: SessionGate, fenced: Ownership, reason: str
+    ) -> Ownership:
+        opened = await self._store.compare_and_set_ownership(
+            session, fenced.epoch, fenced.model_copy(update={"fence": FenceState.OPEN})
+        )
+        await gate.unfence()
+        await self._store.append(session, [_marker(ControlEvent.UNFENCE, fenced.epoch, reason)])
+        return opened
+
+    async def _first_held_back(
+        self, session: str, after: int, fence_seq: int
+    ) -> JournalEntry | None:
+        """The first inbound entry journaled while the fence held delivery back."""
+        for entry in await self._store.read(session, after, max(1, fence_seq - after)):
+            if is_inbound(entry):
+                return entry
+        return None
+
+    async def _wait_quiescent(self, session: str, head: int, target: int, timeout_s: float) -> int:
+        """The ack watermark once it reaches ``target``, or when the timeout passes."""
+        acked = max((await self._store.acks(session)).values(), default=0)
+        if acked >= target:
+            return acked
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for batch in self._store.follow_batches(session, head):
+                    for entry in batch:
+                        if entry.kind == EntryKind.ACK and entry.epoch > 0:
+                            acked = max(acked, int(entry.payload["turn"]))
+                    if acked >= target:
+                        return acked
+        except TimeoutError:
+            pass
+        return acked
