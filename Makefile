@@ -15,12 +15,13 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests
-	$(BIN)/ruff format --check operator tests
+	$(BIN)/ruff check operator tests examples
+	$(BIN)/ruff format --check operator tests examples
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy operator/shadowpod
+	$(BIN)/mypy examples/01-reference-agent
 
 test: lint typecheck
 	$(BIN)/pytest

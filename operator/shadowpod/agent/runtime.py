@@ -137,6 +137,9 @@ class AgentRuntime:
             else:
                 assert self.settings.epoch is not None
                 self.epoch = self.settings.epoch
+                # Adopting the session (uncertain tool calls, the agent-state migration,
+                # the on_owner hook) needs the state at the head, not at the snapshot.
+                await self._catch_up()
             if not self._stopping:
                 self.mode = "owner"
                 self.ready = True
@@ -325,7 +328,8 @@ class AgentRuntime:
     async def _turn(self, inbound: PendingInbound) -> None:
         state = self.folder.peek()
         values = dict(state.agent.values)
-        if values and state.agent.schema_version != self.agent.state_schema:
+        migrated = bool(values) and state.agent.schema_version != self.agent.state_schema
+        if migrated:
             values = self.agent.migrate_state(values, state.agent.schema_version)
         turn = Turn(
             agent=self.agent,
@@ -336,6 +340,7 @@ class AgentRuntime:
             instance=self.identity.instance,
             append=self._append,
             processes=self.processes,
+            replaces_values=migrated,
         )
         self._in_turn = True
         try:

@@ -142,6 +142,7 @@ class Turn(OwnerContext):
         instance: str,
         append: Append,
         processes: ProcessRegistry,
+        replaces_values: bool = False,
     ) -> None:
         super().__init__(
             agent=agent,
@@ -154,7 +155,9 @@ class Turn(OwnerContext):
         )
         self.inbound = inbound
         self.values: dict[str, JsonValue] = dict(values)  # the agent's own state, to change
-        self._values_before = dict(values)
+        # Values migrated to this agent's schema for the turn must replace the stored
+        # ones whole: a partial update would mix two schemas.
+        self._values_before: dict[str, JsonValue] | None = None if replaces_values else dict(values)
         self._memory: dict[str, object] = {}
         self._facts: dict[str, object] = {}
         self._tool_calls = 0
@@ -277,16 +280,19 @@ class Turn(OwnerContext):
         await self._append([*self.take_outputs(), entry])
 
     def state_entry(self) -> NewEntry | None:
-        """The agent-state change of this turn, if ``values`` changed."""
-        if self.values == self._values_before:
+        """The agent-state change of this turn, if ``values`` changed (or were migrated)."""
+        before = self._values_before
+        if before is not None and self.values == before:
             return None
-        removed = self._values_before.keys() - self.values.keys()
-        changed = {
-            k: v for k, v in self.values.items() if self._values_before.get(k, _DELETED) != v
-        }
+        replace = before is None or bool(before.keys() - self.values.keys())
+        changed = (
+            self.values
+            if replace or before is None
+            else {k: v for k, v in self.values.items() if before.get(k, _DELETED) != v}
+        )
         payload = StatePayload(
-            values=self.values if removed else changed,
-            replace=bool(removed),
+            values=changed,
+            replace=replace,
             schema_version=self.agent.state_schema,
             turn=self.seq,
         )

@@ -60,7 +60,11 @@ class Accepted(_Body):
 
 class EventsPage(_Body):
     events: list[dict[str, JsonValue]]
-    head: int
+    head: int = Field(description="The journal's head when the page was read.")
+    next_after: int = Field(
+        description="The last seq this page covers (filtered-out entries included): "
+        "read the next page with after=next_after."
+    )
 
 
 # --- owners and shadows ---------------------------------------------------------------

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
+from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 
 DEFAULT_PG = "postgresql://127.0.0.1:5432/test"
 
@@ -91,3 +92,82 @@ def _print_journal(report: dict[str, Any]) -> None:
         verdict = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
         table.add_row(f"target {name}", f"{target['measured']} vs {target['target']} {verdict}")
     Console().print(table)
+
+
+@bench.command("migrate")
+@click.option(
+    "--rate",
+    default=1000.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Client messages per second.",
+)
+@click.option("--migrations", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--strategy", type=click.Choice(["shadow", "restart"]), default="shadow", show_default=True
+)
+@click.option(
+    "--compare",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Migrations of the other strategy, for comparison (0: none).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
+def migrate(
+    rate: float, migrations: int, strategy: str, compare: int, as_json: bool, check: bool
+) -> None:
+    """Live migrations under client load: phase times, fence pause, client pause, invariants."""
+    config = MigrateBenchConfig(
+        rate=rate,
+        migrations=migrations,
+        strategy="restart" if strategy == "restart" else "shadow",
+        compare=compare,
+    )
+    try:
+        report = asyncio.run(run_migrate_bench(config))
+    except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
+        click.echo(f"error: the migration benchmark could not run: {exc}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        _print_migrate(report)
+    missed = [name for name, t in report.get("targets", {}).items() if not t["met"]]
+    if check and missed:
+        click.echo(f"targets missed: {', '.join(missed)}", err=True)
+        sys.exit(1)
+
+
+def _print_migrate(report: dict[str, Any]) -> None:
+    summary = report["summary"]
+    table = Table(title=f"migrate benchmark — {report['strategy']} at {report['rate']:g} msg/s")
+    table.add_column("figure")
+    table.add_column("p50", justify="right")
+    table.add_column("p99", justify="right")
+    for name in ("total_s", "fence_pause_ms", "client_max_latency_ms"):
+        table.add_row(name.replace("_", " "), str(summary[name]["p50"]), str(summary[name]["p99"]))
+    if "comparison" in report:
+        other = report["comparison"]
+        table.add_row(
+            f"client max latency ({other['strategy']})",
+            str(other["summary"]["client_max_latency_ms"]["p50"]),
+            str(other["summary"]["client_max_latency_ms"]["p99"]),
+        )
+    Console().print(table)
+    facts = Table(show_header=False)
+    facts.add_row("migrations succeeded", f"{summary['succeeded']} of {len(report['migrations'])}")
+    facts.add_row(
+        "lost / duplicated / reordered",
+        f"{summary['lost']} / {summary['duplicated']} / {summary['reordered']}",
+    )
+    facts.add_row("catch-up replay", f"{summary['catchup_entries_per_s']} entries/s")
+    if "client_pause_restart_over_shadow" in summary:
+        facts.add_row(
+            "client pause, restart / shadow", f"{summary['client_pause_restart_over_shadow']}x"
+        )
+    for name, target in report.get("targets", {}).items():
+        verdict = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
+        facts.add_row(f"target {name}", f"{target['measured']} vs {target['target']} {verdict}")
+    Console().print(facts)

@@ -6,6 +6,7 @@ import click
 
 from shadowpod import __version__
 from shadowpod.cli.bench import bench
+from shadowpod.cli.demo import demo
 from shadowpod.cli.gateway import gateway
 
 
@@ -17,6 +18,7 @@ def cli() -> None:
 
 cli.add_command(bench)
 cli.add_command(gateway)
+cli.add_command(demo)
 
 
 def main() -> None:

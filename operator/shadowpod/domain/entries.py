@@ -71,7 +71,8 @@ class NewEntry(BaseModel):
 
     id: str = Field(default_factory=new_entry_id, min_length=1, max_length=ENTRY_ID_MAX)
     kind: str = Field(pattern=KIND_PATTERN)
-    payload: dict[str, JsonValue] = Field(default_factory=dict)
+    # validate_default: a known kind sent without a payload is checked like any other.
+    payload: dict[str, JsonValue] = Field(default_factory=dict, validate_default=True)
 
     @field_validator("payload")
     @classmethod

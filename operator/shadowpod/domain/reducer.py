@@ -269,6 +269,10 @@ def _process(state: SessionState, entry: JournalEntry, payload: Payload) -> None
         )
         return
     known = state.processes.get(payload.name) or ProcessRecord(name=payload.name)
+    if known.pid is not None and payload.pid is not None and payload.pid != known.pid:
+        # The end of another process of that name (a previous owner's, reported as it
+        # drained): the one on record, started since, is not affected.
+        return
     state.processes[payload.name] = known.model_copy(
         update={
             "status": ProcessStatus(payload.op.value),

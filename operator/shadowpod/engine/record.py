@@ -122,7 +122,9 @@ class MigrationRecord(BaseModel):
         """A copy in ``phase``, with the previous phase's timing closed."""
         now = time.time() if now is None else now
         timings = {name: timing.model_copy() for name, timing in self.timings.items()}
-        if self.phase in timings and timings[self.phase].ended is None:
+        if self.phase not in timings:  # the first phase, timed from the record's creation
+            timings[self.phase] = PhaseTiming(started=self.started)
+        if timings[self.phase].ended is None:
             timings[self.phase].ended = now
         if phase not in timings or phase is self.phase:
             timings.setdefault(phase, PhaseTiming(started=now))

@@ -53,7 +53,7 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
         auth=Authenticator(store, config.control_token_hashes, config.client_token_hashes),
         gates=gates,
         fence=ExchangeFence(store, gates),
-        firer=ScheduleFirer(store),
+        firer=ScheduleFirer(store, on_fire=metrics.schedule_fires.inc),
         metrics=metrics,
     )
     app = web.Application(

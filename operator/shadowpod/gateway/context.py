@@ -70,6 +70,12 @@ def int_query(request: web.Request, name: str, default: int, *, minimum: int = 0
     return value
 
 
+def required_int_query(request: web.Request, name: str, *, minimum: int = 0) -> int:
+    if name not in request.query:
+        raise ApiError(400, "InvalidQuery", f"query parameter {name!r} is required")
+    return int_query(request, name, minimum, minimum=minimum)
+
+
 def float_query(request: web.Request, name: str, default: float, *, maximum: float) -> float:
     raw = request.query.get(name)
     if raw is None:

@@ -15,8 +15,10 @@ from typing import Final
 
 from shadowpod.domain.entries import JournalEntry
 
-PER_SESSION: Final = 512
-SESSIONS: Final = 2048
+# A busy session appends a few thousand entries a second; an owner a second or two
+# behind must still be served from here, or it falls further behind on queries.
+PER_SESSION: Final = 4096
+SESSIONS: Final = 128
 
 
 class RecentEntries:
@@ -46,6 +48,11 @@ class RecentEntries:
             return None
         start = after - cached[0].seq + 1
         return [cached[i] for i in range(start, min(len(cached), start + limit))]
+
+    def head(self, session: str) -> int | None:
+        """The seq of the last committed entry, when this cache has seen one."""
+        cached = self._cache.get(session)
+        return cached[-1].seq if cached else None
 
     def forget(self, session: str) -> None:
         self._cache.pop(session, None)

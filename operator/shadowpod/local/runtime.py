@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import random
 import signal
 import socket
 from dataclasses import dataclass
@@ -66,7 +67,12 @@ class LocalRuntime:
         self._env = env or {}
         self._tokens: dict[str, str] = {}
         self._instances: dict[str, LocalInstance] = {}
-        self._hosts = itertools.cycle(f"127.0.{b}.{c}" for b in range(4) for c in range(2, 255))
+        # A random /16 inside 127.0.0.0/8 per runtime, so that several local
+        # deployments on one machine (parallel test runs, a demo) do not collide.
+        base = random.randrange(1, 255)
+        self._hosts = itertools.cycle(
+            f"127.{base}.{b}.{c}" for b in range(4) for c in range(2, 255)
+        )
         self._http: aiohttp.ClientSession | None = None
 
     def register_session(self, session: str, agent_token: str) -> None:
@@ -163,6 +169,8 @@ class LocalRuntime:
         )
 
     async def stop(self, name: str, *, grace_s: float) -> None:
+        """SIGTERM (the agent drains its background work), then after ``grace_s``
+        SIGKILL for the agent and anything it left behind, as a pod deletion does."""
         instance = self._instances.get(name)
         if instance is None or instance.process.returncode is not None:
             return
@@ -170,15 +178,20 @@ class LocalRuntime:
         try:
             await asyncio.wait_for(instance.process.wait(), timeout=grace_s)
         except TimeoutError:
-            _signal(instance.process, signal.SIGKILL)
-            await instance.process.wait()
+            await self.kill(name)
 
     async def kill(self, name: str) -> None:
-        """SIGKILL at once: a crash, for tests and chaos drills."""
+        """SIGKILL the instance and all its descendants at once: a crash (a pod's
+        processes die with it), for tests and chaos drills."""
         instance = self._instances.get(name)
-        if instance is not None and instance.process.returncode is None:
-            _signal(instance.process, signal.SIGKILL)
-            await instance.process.wait()
+        if instance is None or instance.process.returncode is not None:
+            return
+        family = _descendants(instance.process.pid)  # before the parent goes
+        _signal(instance.process, signal.SIGKILL)
+        for pid in family:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await instance.process.wait()
 
     # --- internals --------------------------------------------------------------------
 
@@ -195,6 +208,28 @@ class LocalRuntime:
             if host not in in_use and _free(host, AGENT_PORT):
                 return host
         raise RuntimeError("no free 127.0.x.y address for another local agent instance")
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below ``root``, found through /proc (children in other process
+    groups and sessions included: background processes start their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _signal(process: asyncio.subprocess.Process, signum: int) -> None:

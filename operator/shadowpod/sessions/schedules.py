@@ -74,9 +74,16 @@ class ScheduleBook:
 
 
 class ScheduleFirer:
-    def __init__(self, store: JournalStore, *, clock: Clock = _utcnow) -> None:
+    def __init__(
+        self,
+        store: JournalStore,
+        *,
+        clock: Clock = _utcnow,
+        on_fire: Callable[[], None] | None = None,
+    ) -> None:
         self._store = store
         self._clock = clock
+        self._on_fire = on_fire  # called for every fire this firer journaled
         self._books: dict[str, ScheduleBook] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
@@ -151,3 +158,5 @@ class ScheduleFirer:
             return
         if not appended.duplicate:
             self.fired += 1
+            if self._on_fire is not None:
+                self._on_fire()

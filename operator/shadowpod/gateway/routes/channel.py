@@ -28,20 +28,28 @@ from typing import Any, Final
 
 import orjson
 from aiohttp import WSMsgType, web
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.errors import ShadowpodError
-from shadowpod.gateway.context import Gateway, gateway, int_query, session_of
+from shadowpod.gateway.context import (
+    Gateway,
+    gateway,
+    int_query,
+    required_int_query,
+    session_of,
+)
 from shadowpod.gateway.errors import STATUS_OF, ApiError, field_errors
-from shadowpod.gateway.routes.owner import deliver, owner_append, something_new
+from shadowpod.gateway.routes.owner import deliver, owner_append
 from shadowpod.journal.errors import Fenced
 from shadowpod.sessions.gates import SessionGate, Superseded
 
 logger = logging.getLogger(__name__)
 routes = web.RouteTableDef()
 PAGE: Final = 1000
-IDLE_CHECK_S: Final = 5.0
+# Validates the list as a whole, so a field path names the entry's index.
+ENTRIES: Final = TypeAdapter(list[NewEntry])
+GATE_CHECK_S: Final = 5.0
 
 
 class OwnerChannel:
@@ -61,37 +69,63 @@ class OwnerChannel:
         self.ws = ws
         self.cursor = after
         self.sent_released = -1
-        self._send_lock = asyncio.Lock()
+        # Held while reading what to send and sending it, so the pump and the answers
+        # to appends agree on what the owner has been sent.
+        self._lock = asyncio.Lock()
 
     async def send(self, message: dict[str, Any]) -> None:
-        async with self._send_lock:
+        async with self._lock:
             await self.ws.send_bytes(orjson.dumps(message))
 
+    async def send_news(self, message: dict[str, Any], *, always: bool) -> bool:
+        """Send ``message`` with the journal since the cursor and the release watermark;
+        unless ``always``, only if there is something new. Returns whether a full page
+        went out (there may be more)."""
+        async with self._lock:
+            page, released = await deliver(
+                self.gw, self.gate, self.session, self.epoch, self.cursor, PAGE
+            )
+            if not (always or page or released != self.sent_released):
+                return False
+            message["entries"] = [e.to_json() for e in page]
+            message["released"] = released
+            await self.ws.send_bytes(orjson.dumps(message))
+            if page:
+                self.cursor = page[-1].seq
+            self.sent_released = released
+            return len(page) == PAGE
+
     async def pump(self) -> None:
-        """Push every new entry and every move of the release watermark."""
+        """Push every new entry and every move of the release watermark.
+
+        Woken by commits to the session and by changes of the gate (a new epoch is
+        recorded in the gate just after its marker commits: an owner replaced on a
+        quiet session must still be told at once).
+        """
+        batches = self.gw.store.follow_batches(self.session, self.cursor)
+        next_commit: asyncio.Future[Any] = asyncio.ensure_future(anext(batches))
         try:
             while not self.ws.closed:
-                page, released = await deliver(
-                    self.gw, self.gate, self.session, self.epoch, self.cursor, PAGE
+                while await self.send_news({"op": "entries"}, always=False):
+                    pass  # a full page went out: there may be more
+                gate_changed: asyncio.Future[Any] = asyncio.ensure_future(
+                    self.gate.wait_changed(GATE_CHECK_S)
                 )
-                if page or released != self.sent_released:
-                    await self.send(
-                        {
-                            "op": "entries",
-                            "entries": [e.to_json() for e in page],
-                            "released": released,
-                        }
-                    )
-                    if page:
-                        self.cursor = page[-1].seq
-                    self.sent_released = released
-                    continue
-                await something_new(self.gw, self.gate, self.session, self.cursor, IDLE_CHECK_S)
+                await asyncio.wait({next_commit, gate_changed}, return_when=asyncio.FIRST_COMPLETED)
+                gate_changed.cancel()
+                if next_commit.done():
+                    next_commit.result()  # a failed follow (e.g. a deleted session) ends the pump
+                    next_commit = asyncio.ensure_future(anext(batches))
         except Superseded as exc:
             await self.send({"op": "superseded", "epoch": exc.epoch, "current": exc.current})
             await self.ws.close()
-        except (ConnectionResetError, RuntimeError):
+        except (ConnectionResetError, RuntimeError, StopAsyncIteration):
             pass  # the owner went away
+        finally:
+            next_commit.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await next_commit
+            await batches.aclose()
 
     async def handle(self, raw: str | bytes) -> None:
         request_id: Any = None
@@ -106,22 +140,27 @@ class OwnerChannel:
             if not isinstance(raw_entries, list):
                 raise ApiError(400, "InvalidRequest", "entries: must be a list")
             try:
-                entries = [NewEntry.model_validate(e) for e in raw_entries]
+                entries = ENTRIES.validate_python(raw_entries)
             except ValidationError as exc:
+                errors = field_errors(exc, "entries.")
                 raise ApiError(
                     400,
                     "InvalidRequest",
-                    f"invalid entry: {exc.errors()[0]['msg']}",
-                    field_errors(exc, "entries."),
+                    f"invalid entry: {errors[0].loc}: {errors[0].msg}",
+                    errors,
                 ) from None
             results = await owner_append(self.gw, self.session, entries, self.epoch)
-            await self.send(
-                {
-                    "op": "appended",
-                    "id": request_id,
-                    "appended": [[r.seq, r.id, r.duplicate] for r in results],
-                }
-            )
+            answer: dict[str, Any] = {
+                "op": "appended",
+                "id": request_id,
+                "appended": [[r.seq, r.id, r.duplicate] for r in results],
+            }
+            try:
+                await self.send_news(answer, always=True)
+            except Superseded:  # the appends stand; the pump tells the owner it was replaced
+                answer.pop("entries", None)
+                answer.pop("released", None)
+                await self.send(answer)
         except orjson.JSONDecodeError as exc:
             await self._error(
                 request_id, 400, "MalformedJSON", f"the message is not valid JSON: {exc}"
@@ -158,7 +197,7 @@ async def owner_channel(request: web.Request) -> web.StreamResponse:
     gw = gateway(request)
     session = session_of(request)
     await gw.auth.agent(request, session)
-    epoch = int_query(request, "epoch", 0, minimum=1)
+    epoch = required_int_query(request, "epoch", minimum=1)
     after = int_query(request, "after", 0)
     current = await gw.store.get_ownership(session)
     if current.epoch != epoch:

@@ -79,9 +79,10 @@ async def get_events(request: web.Request) -> web.Response:
     wait_s = float_query(request, "wait", 0.0, maximum=gw.config.max_wait_s)
     keep = kinds_filter(request)
     entries = await read_page(gw.store, session, after, limit, wait_s)
-    head = entries[-1].seq if entries else await gw.store.head(session)
+    head = await gw.store.head(session)
     events = [e.to_json() for e in entries if keep is None or keep(e)]
-    return json_response({"events": events, "head": head})
+    next_after = entries[-1].seq if entries else after
+    return json_response({"events": events, "head": head, "next_after": next_after})
 
 
 @routes.get("/v1/sessions/{session}/events/stream", name="stream_events")
@@ -90,7 +91,7 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     gw.auth.client(request)
     session = session_of(request)
     after = resume_point(request)
-    await gw.store.head(session)  # 404 before the stream starts, not inside it
+    await gw.store.read(session, after, 1)  # 404 or 410 before the stream starts, not inside it
     async with open_stream(gw, request, "client") as sse:
         await pump(sse, gw.store.follow_batches(session, after), kinds_filter(request))
     return sse

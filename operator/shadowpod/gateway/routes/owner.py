@@ -35,6 +35,7 @@ from shadowpod.gateway.context import (
     gateway,
     int_query,
     json_response,
+    required_int_query,
     session_of,
 )
 from shadowpod.gateway.errors import ApiError, read_body
@@ -80,7 +81,7 @@ async def owner_entries(request: web.Request) -> web.Response:
     gw = gateway(request)
     session = session_of(request)
     await gw.auth.agent(request, session)
-    epoch = int_query(request, "epoch", 0, minimum=1)
+    epoch = required_int_query(request, "epoch", minimum=1)
     after = int_query(request, "after", 0)
     known = int_query(request, "released", 0)
     limit = min(int_query(request, "limit", 1000, minimum=1), gw.config.max_page)

@@ -33,6 +33,7 @@ async def stream_journal(request: web.Request) -> web.StreamResponse:
     session = session_of(request)
     await gw.auth.agent(request, session)
     after = resume_point(request)
+    await gw.store.read(session, after, 1)  # 404 or 410 before the stream starts, not inside it
     gw.metrics.shadow_lag.observe(max(0, await gw.store.head(session) - after))
     async with open_stream(gw, request, "shadow") as sse:
         await pump(sse, gw.store.follow_batches(session, after))

@@ -232,6 +232,9 @@ class SQLiteJournalStore:
         )
 
     async def head(self, session: str) -> int:
+        cached = self._recent.head(session)
+        if cached is not None:
+            return cached
         return await self._read(lambda conn: sql.head(conn, session))
 
     # --- ownership --------------------------------------------------------------------

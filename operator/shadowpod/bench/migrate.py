@@ -1,0 +1,147 @@
+"""``shadowpod bench migrate``: migrations under client load, with the invariants.
+
+One session of the reference agent serves ``rate`` client messages per second while
+it is migrated ``migrations`` times (v1 → v2, then moves between two v2 instances).
+Each migration reports its total and per-phase times, the fence pause (the wait of
+the first message the fence held back), the client-visible max latency (over the
+messages sent while it ran) and the shadow's catch-up rate; the run reports the
+invariant counts seen by the client. The other strategy runs in the same
+invocation (``--compare``, fewer migrations) so the shadow and stop-and-recreate
+client-visible pauses can be compared side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from shadowpod.engine.record import MigrationPolicy, Strategy
+from shadowpod.local.scenario import LiveScenario, ScenarioReport, summarise
+
+TARGETS_SHADOW: Final = {
+    "fence_pause_ms_p99": 50.0,
+    "total_s_p50": 2.0,
+    "pause_ratio_min": 20.0,
+    "catchup_entries_per_s": 50_000.0,
+}
+
+
+@dataclass(frozen=True)
+class MigrateBenchConfig:
+    rate: float = 1000.0
+    migrations: int = 20
+    strategy: Strategy = "shadow"
+    compare: int = 3
+    warmup_s: float = 2.0
+    gap_s: float = 0.5
+    workdir: Path | None = None
+
+
+def _targets(index: int) -> str:
+    """v1 → v2 first; then moves between two tags of v2 (a relocation, not an upgrade)."""
+    if index == 0:
+        return "refagent:v2"
+    return "refagent:v2-b" if index % 2 else "refagent:v2"
+
+
+async def _series(config: MigrateBenchConfig, strategy: Strategy, count: int) -> ScenarioReport:
+    workdir = Path(tempfile.mkdtemp(prefix=f"shadowpod-bench-{strategy}-", dir=config.workdir))
+    try:
+        policy = MigrationPolicy(max_fence_attempts=5)
+        async with LiveScenario(workdir, rate=config.rate, policy=policy) as scenario:
+            await asyncio.sleep(config.warmup_s)
+            for index in range(count):
+                await scenario.migrate(_targets(index), strategy=strategy)
+                await asyncio.sleep(config.gap_s)
+            return await scenario.finish()
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _series_summary(report: ScenarioReport) -> dict[str, Any]:
+    migrations = [m.summary() for m in report.migrations]
+    caught = [
+        (m["catchup_entries"], m["catchup_entries_per_s"])
+        for m in migrations
+        if m["catchup_entries"]
+    ]
+    entries = sum(n for n, _ in caught)
+    seconds = sum(n / rate for n, rate in caught if rate)
+    v = report.verdict
+    return {
+        "total_s": summarise([m["total_s"] for m in migrations if m["total_s"] is not None]),
+        "fence_pause_ms": summarise(
+            [m["fence_pause_ms"] for m in migrations if m["fence_pause_ms"] is not None]
+        ),
+        "client_max_latency_ms": summarise([m["client_max_latency_ms"] for m in migrations]),
+        "lost": v.lost,
+        "duplicated": v.duplicated,
+        "reordered": v.reordered,
+        "succeeded": sum(m["result"] == "Succeeded" for m in migrations),
+        "catchup_entries_per_s": round(entries / seconds) if seconds else None,
+        "messages": {"sent": v.sent, "answered": v.replied, "by_version": v.versions},
+        "latency_ms": v.latency_ms,
+        "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in report.checks],
+    }
+
+
+async def run_migrate_bench(config: MigrateBenchConfig) -> dict[str, Any]:
+    primary = await _series(config, config.strategy, config.migrations)
+    report: dict[str, Any] = {
+        "benchmark": "migrate",
+        "strategy": config.strategy,
+        "rate": config.rate,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "migrations": [m.summary() for m in primary.migrations],
+        "summary": _series_summary(primary),
+    }
+    if config.compare:
+        other: Strategy = "restart" if config.strategy == "shadow" else "shadow"
+        compared = await _series(config, other, config.compare)
+        other_summary = _series_summary(compared)
+        report["comparison"] = {
+            "strategy": other,
+            "migrations": [m.summary() for m in compared.migrations],
+            "summary": other_summary,
+        }
+        mine = report["summary"]["client_max_latency_ms"]["p50"]
+        theirs = other_summary["client_max_latency_ms"]["p50"]
+        if mine and theirs:
+            shadow, restart = (mine, theirs) if config.strategy == "shadow" else (theirs, mine)
+            report["summary"]["client_pause_restart_over_shadow"] = round(restart / shadow, 1)
+    if config.strategy == "shadow":
+        report["targets"] = _check_targets(report)
+    return report
+
+
+def _check_targets(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    summary = report["summary"]
+    measured = {
+        "fence_pause_ms_p99": summary["fence_pause_ms"]["p99"],
+        "total_s_p50": summary["total_s"]["p50"],
+        "pause_ratio_min": summary.get("client_pause_restart_over_shadow"),
+        "catchup_entries_per_s": summary["catchup_entries_per_s"],
+    }
+    lower_is_better = {"fence_pause_ms_p99", "total_s_p50"}
+    result = {}
+    for name, target in TARGETS_SHADOW.items():
+        value = measured[name]
+        met = value is not None and (
+            value <= target if name in lower_is_better else value >= target
+        )
+        result[name] = {"target": target, "measured": value, "met": met}
+    invariants_ok = (
+        summary["lost"] == 0 and summary["duplicated"] == 0 and summary["reordered"] == 0
+    )
+    result["invariants"] = {
+        "target": "0 lost, 0 duplicated, 0 reordered",
+        "measured": invariants_ok,
+        "met": invariants_ok,
+    }
+    return result

@@ -1,0 +1,232 @@
+"""``shadowpod demo``: a real live migration on this machine, no cluster needed.
+
+A gateway (SQLite in a temporary directory) and the reference agent v1 serve one
+session under steady client load; mid-stream the session moves to v2 through the
+ShadowPod + ExchangeFence engine while the load goes on. Then the demo prints the
+timeline, the fence pause, the client's figures and the invariants — and exits
+non-zero if any invariant broke.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from shadowpod.engine.record import MigrationRecord, Phase
+from shadowpod.local.scenario import LiveScenario, ScenarioReport
+
+PHASE_STYLE = {Phase.SUCCEEDED: "green", Phase.ROLLED_BACK: "yellow", Phase.FAILED: "red"}
+
+
+class Progress:
+    """What the live display shows while the demo runs."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.step = "starting the gateway and agent v1"
+        self.phase: Phase | None = None
+        self.scenario: LiveScenario | None = None
+
+    def on_phase(self, record: MigrationRecord) -> None:
+        self.phase = record.phase
+
+    def render(self) -> Table:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        table.add_row("elapsed", f"{time.monotonic() - self.started:5.1f}s")
+        table.add_row("step", self.step)
+        if self.phase is not None:
+            table.add_row(
+                "migration", Text(self.phase.value, style=PHASE_STYLE.get(self.phase, "cyan"))
+            )
+        load = self.scenario.load if self.scenario is not None else None
+        if load is not None:
+            answered = sum(1 for s in load.sent if s.seq is not None and s.seq in load.replies)
+            versions: dict[str, int] = {}
+            for s in load.sent:
+                if s.seq is not None and s.seq in load.replies:
+                    version = load.replies[s.seq][0].version
+                    versions[version] = versions.get(version, 0) + 1
+            table.add_row("messages", f"{len(load.sent)} sent, {answered} answered")
+            table.add_row(
+                "answered by", ", ".join(f"v{v}: {n}" for v, n in sorted(versions.items())) or "-"
+            )
+        return table
+
+
+async def _run(
+    rate: float, before_s: float, after_s: float, workdir: Path, progress: Progress
+) -> ScenarioReport:
+    async with LiveScenario(workdir, rate=rate, on_phase=progress.on_phase) as scenario:
+        progress.scenario = scenario
+        progress.step = f"v1 serving {rate:g} msg/s"
+        await asyncio.sleep(before_s)
+        progress.step = "migrating to v2 while serving"
+        await scenario.migrate("refagent:v2")
+        progress.step = f"v2 serving {rate:g} msg/s"
+        await asyncio.sleep(after_s)
+        progress.step = "stopping the load, waiting for every reply"
+        return await scenario.finish()
+
+
+async def _with_live(
+    rate: float, before_s: float, after_s: float, workdir: Path, console: Console
+) -> ScenarioReport:
+    progress = Progress()
+    with Live(progress.render(), console=console, refresh_per_second=8, transient=True) as live:
+
+        async def refresh() -> None:
+            while True:
+                live.update(progress.render())
+                await asyncio.sleep(0.125)
+
+        ticker = asyncio.create_task(refresh())
+        try:
+            return await _run(rate, before_s, after_s, workdir, progress)
+        finally:
+            ticker.cancel()
+
+
+def report_json(report: ScenarioReport, rate: float) -> dict[str, Any]:
+    v = report.verdict
+    return {
+        "rate": rate,
+        "ok": report.ok,
+        "migrations": [m.summary() for m in report.migrations],
+        "messages": {
+            "sent": v.sent,
+            "accepted": v.accepted,
+            "answered": v.replied,
+            "by_version": v.versions,
+        },
+        "latency_ms": v.latency_ms,
+        "invariants": {"lost": v.lost, "duplicated": v.duplicated, "reordered": v.reordered},
+        "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in report.checks],
+    }
+
+
+def print_report(report: ScenarioReport, rate: float, console: Console) -> None:
+    for outcome in report.migrations:
+        record = outcome.record
+        timeline = Table(title=f"migration {record.spec.source.image} → {record.spec.target.image}")
+        timeline.add_column("phase")
+        timeline.add_column("duration", justify="right")
+        for phase, seconds in record.phase_seconds().items():
+            timeline.add_row(str(phase), f"{seconds * 1000:.1f} ms")
+        total = record.total_s or 0.0
+        timeline.add_row(Text("total", style="bold"), Text(f"{total * 1000:.1f} ms", style="bold"))
+        timeline.add_row(
+            "result", Text(record.phase.value, style=PHASE_STYLE.get(record.phase, ""))
+        )
+        console.print(timeline)
+        facts = Table(show_header=False)
+        facts.add_row("fence pause (first buffered message)", _ms(record.fence_pause_ms))
+        facts.add_row(
+            "fence wait for the source to go idle",
+            _ms(record.fence.waited_ms if record.fence else None),
+        )
+        facts.add_row(
+            "catch-up replay",
+            f"{record.catchup_entries or 0} entries at {record.catchup_entries_per_s or 0:,.0f}/s",
+        )
+        facts.add_row("client max latency during the migration", _ms(outcome.client_max_latency_ms))
+        console.print(facts)
+    v = report.verdict
+    messages = Table(title="client side")
+    messages.add_column("figure")
+    messages.add_column("value", justify="right")
+    messages.add_row("rate", f"{rate:g} msg/s")
+    messages.add_row("sent / accepted / answered", f"{v.sent} / {v.accepted} / {v.replied}")
+    messages.add_row("answered by", ", ".join(f"v{k}: {n}" for k, n in sorted(v.versions.items())))
+    messages.add_row(
+        "latency p50 / p99 / max",
+        f"{v.latency_ms['p50']} / {v.latency_ms['p99']} / {v.latency_ms['max']} ms",
+    )
+    console.print(messages)
+    checks = Table(title="invariants")
+    checks.add_column("invariant")
+    checks.add_column("", justify="center")
+    checks.add_column("detail")
+    for check in report.checks:
+        checks.add_row(
+            check.name,
+            Text("ok" if check.ok else "BROKEN", style="green" if check.ok else "bold red"),
+            check.detail,
+        )
+    console.print(checks)
+    verdict = Text(
+        "all invariants hold" if report.ok else "INVARIANTS BROKEN",
+        style="bold green" if report.ok else "bold red",
+    )
+    console.print(Group(verdict))
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1f} ms"
+
+
+@click.command("demo")
+@click.option(
+    "--rate",
+    default=200.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Client messages per second.",
+)
+@click.option(
+    "--before",
+    "before_s",
+    default=4.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds of load before migrating.",
+)
+@click.option(
+    "--after",
+    "after_s",
+    default=4.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds of load after migrating.",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Keep the gateway, agents and logs here.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+def demo(rate: float, before_s: float, after_s: float, workdir: Path | None, as_json: bool) -> None:
+    """Run a live migration of an agent session (v1 → v2) under load, on this machine."""
+    console = Console(stderr=as_json)
+    keep = workdir is not None
+    work = workdir or Path(tempfile.mkdtemp(prefix="shadowpod-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        if as_json:
+            report = asyncio.run(_run(rate, before_s, after_s, work, Progress()))
+        else:
+            report = asyncio.run(_with_live(rate, before_s, after_s, work, console))
+    except Exception as exc:  # noqa: BLE001 — a demo that cannot run says why, briefly
+        click.echo(f"error: the demo could not run: {exc} (logs in {work})", err=True)
+        sys.exit(2)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    if as_json:
+        click.echo(json.dumps(report_json(report, rate), indent=2))
+    else:
+        print_report(report, rate, console)
+    sys.exit(0 if report.ok else 1)

@@ -1,0 +1,361 @@
+"""A live scenario: one session under steady client load, migrated while it serves.
+
+Used by ``shadowpod demo``, ``shadowpod bench migrate`` and the migration tests. It
+starts a gateway and the reference agent v1, seeds a memory under v1 ("my name is
+Ada"), drives client load, runs migrations through the engine, and finally checks
+the invariants from the client's side and from the journal:
+
+- no message lost, none answered twice, replies in order, each reply from exactly
+  one version, versions changing only at migrations;
+- every version after v1 answers with v1's memory;
+- at each fence, the new owner's state equals the fold of the journal up to
+  ``fence_seq`` (what the source would have had);
+- schedules fired exactly once each; the source drained its background processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from shadowpod.api.models import ScheduleSpec
+from shadowpod.client.gateway import GatewayClient
+from shadowpod.domain.entries import JournalEntry
+from shadowpod.domain.payloads import ControlEvent, EntryKind, ScheduleOp
+from shadowpod.domain.reducer import fold
+from shadowpod.domain.schema import state_digest
+from shadowpod.domain.state import SessionState
+from shadowpod.engine.engine import MigrationEngine
+from shadowpod.engine.record import (
+    InstanceRef,
+    MigrationPolicy,
+    MigrationRecord,
+    Phase,
+    Strategy,
+)
+from shadowpod.local.deployment import LocalDeployment
+from shadowpod.local.images import ImageMap, reference_images
+from shadowpod.local.load import ClientLoad, Verdict
+from shadowpod.stats import percentile
+
+SESSION: Final = "demo"
+NAME: Final = "Ada"
+CREDENTIAL: Final = "weather-api"
+
+
+@dataclass
+class MigrationOutcome:
+    record: MigrationRecord
+    started: float  # monotonic
+    ended: float
+    client_max_latency_ms: float
+    state_matches: bool | None  # the new owner's state at fence_seq == fold of the journal
+
+    def summary(self) -> dict[str, Any]:
+        r = self.record
+        return {
+            "id": r.spec.id,
+            "strategy": r.spec.strategy,
+            "source": r.spec.source.image,
+            "target": r.spec.target.image,
+            "result": r.phase.value,
+            "error": r.error,
+            "total_s": None if r.total_s is None else round(r.total_s, 4),
+            "phases_s": {str(k): v for k, v in r.phase_seconds().items()},
+            "fence_pause_ms": r.fence_pause_ms,
+            "fence_wait_ms": None if r.fence is None else r.fence.waited_ms,
+            "fence_attempts": r.fence_attempts,
+            "catchup_entries": r.catchup_entries,
+            "catchup_entries_per_s": r.catchup_entries_per_s,
+            "client_max_latency_ms": round(self.client_max_latency_ms, 2),
+            "state_at_fence_matches": self.state_matches,
+            "notes": r.notes,
+        }
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class ScenarioReport:
+    verdict: Verdict
+    migrations: list[MigrationOutcome]
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+
+class LiveScenario:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        rate: float,
+        images: ImageMap | None = None,
+        heartbeat_s: float = 1.0,
+        policy: MigrationPolicy | None = None,
+        on_phase: Callable[[MigrationRecord], None] | None = None,
+    ) -> None:
+        self.workdir = workdir
+        self.rate = rate
+        self.deployment = LocalDeployment(workdir, images or reference_images(heartbeat_s))
+        self.policy = policy or MigrationPolicy()
+        self.on_phase = on_phase
+        self.owner = InstanceRef(name=f"{SESSION}-v1", image="refagent:v1")
+        self.client: GatewayClient | None = None
+        self.load: ClientLoad | None = None
+        self.migrations: list[MigrationOutcome] = []
+        self._stop = asyncio.Event()
+        self._watcher: asyncio.Task[None] | None = None
+        self._sender: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LiveScenario:
+        await self.deployment.__aenter__()
+        try:
+            await self._start()
+        except BaseException:
+            await self.deployment.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        for task in (self._sender, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self.client is not None:
+            await self.client.close()
+        await self.deployment.__aexit__(None, None, None)
+
+    async def _start(self) -> None:
+        dep = self.deployment
+        dep.add_credential(CREDENTIAL, "demo-key")
+        await dep.create_session(
+            SESSION,
+            image=self.owner.image,
+            instance=self.owner.name,
+            credentials=[CREDENTIAL],
+            schedules=[ScheduleSpec(schedule_id="digest", every_s=2.0, content="daily digest")],
+        )
+        self.client = dep.client()
+        self.load = ClientLoad(self.client, SESSION, self.rate)
+        self._watcher = asyncio.create_task(self.load.watch(), name="watch-replies")
+        # A memory written under v1, which later versions must answer with.
+        seed = await self.client.post_message(SESSION, f"my name is {NAME}", id="seed-name")
+        await self._wait_reply(seed.seq)
+        self._sender = asyncio.create_task(self.load.run(self._stop), name="client-load")
+
+    async def _wait_reply(self, seq: int, timeout_s: float = 30.0) -> None:
+        assert self.load is not None
+        deadline = time.monotonic() + timeout_s
+        while seq not in self.load.replies:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no reply to seq {seq} within {timeout_s}s")
+            await asyncio.sleep(0.01)
+
+    # --- migrating ----------------------------------------------------------------------
+
+    def plan(self, target_image: str, *, strategy: Strategy = "shadow") -> MigrationRecord:
+        """A migration of the session from its current owner to ``target_image``."""
+        return self.deployment.plan(
+            SESSION,
+            source=self.owner,
+            target_image=target_image,
+            strategy=strategy,
+            credentials=[CREDENTIAL],
+            policy=self.policy,
+        )
+
+    async def migrate(
+        self, target_image: str, *, strategy: Strategy = "shadow"
+    ) -> MigrationOutcome:
+        return await self.run_migration(self.plan(target_image, strategy=strategy))
+
+    async def run_migration(
+        self, record: MigrationRecord, engine: MigrationEngine | None = None
+    ) -> MigrationOutcome:
+        """Run (or resume) ``record`` with ``engine`` (the deployment's by default)."""
+        engine = engine or self.deployment.engine
+        if self.on_phase is not None:
+            self.on_phase(record)
+        started = time.monotonic()
+        watch = asyncio.create_task(self._watch_phases(record.spec.id))
+        try:
+            record = await engine.run(record)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+        ended = time.monotonic()
+        if self.on_phase is not None:
+            self.on_phase(record)
+        if record.phase is Phase.SUCCEEDED:
+            self.owner = record.spec.target
+        outcome = MigrationOutcome(
+            record=record,
+            started=started,
+            ended=ended,
+            client_max_latency_ms=0.0,
+            state_matches=await self._state_matches(record),
+        )
+        self.migrations.append(outcome)
+        return outcome
+
+    async def _watch_phases(self, migration_id: str) -> None:
+        if self.on_phase is None:
+            return
+        last: Phase | None = None
+        while True:
+            record = await self.deployment.records.load(migration_id)
+            if record is not None and record.phase is not last:
+                last = record.phase
+                self.on_phase(record)
+            await asyncio.sleep(0.02)
+
+    async def _state_matches(self, record: MigrationRecord) -> bool | None:
+        """The new owner's state at fence_seq against a fold of the journal up to there."""
+        if (
+            record.spec.strategy == "restart"
+            or record.fence is None
+            or record.phase is not Phase.SUCCEEDED
+        ):
+            return None
+        for _ in range(20):  # a busy instance may not answer its status at once
+            status = await self.deployment.runtime.status(record.spec.target.name)
+            if status.state_digest is not None or not status.alive or status.mode != "unknown":
+                break
+            await asyncio.sleep(0.1)
+        if status.state_digest is None or status.promoted_fence_seq is None:
+            return None
+        journal = await self.journal(through=status.promoted_fence_seq)
+        return state_digest(fold(SessionState(), journal)) == status.state_digest
+
+    async def journal(self, *, through: int | None = None) -> list[JournalEntry]:
+        entries: list[JournalEntry] = []
+        after = 0
+        while through is None or after < through:
+            page, head = await self.deployment.admin.journal(SESSION, after=after, limit=10_000)
+            page = [e for e in page if through is None or e.seq <= through]
+            if not page:
+                break
+            entries += page
+            after = page[-1].seq
+            if after >= head:
+                break
+        return entries
+
+    # --- finishing ----------------------------------------------------------------------
+
+    async def stop_load(self) -> None:
+        """Stop sending; returns once every message sent has been accepted (or given up)."""
+        self._stop.set()
+        if self._sender is not None:
+            await self._sender
+
+    async def finish(self, *, drain_timeout_s: float = 30.0) -> ScenarioReport:
+        """Stop the load, wait for every reply, and check the invariants."""
+        assert self.load is not None
+        await self.stop_load()
+        await self.load.wait_answered(drain_timeout_s)
+        verdict = self.load.verdict()
+        for outcome in self.migrations:
+            window = self._window(outcome)
+            latencies = self.load.latencies(window)
+            outcome.client_max_latency_ms = max(latencies, default=0.0) * 1000
+        journal = await self.journal()
+        report = ScenarioReport(verdict=verdict, migrations=self.migrations)
+        report.checks = self._checks(verdict, journal)
+        return report
+
+    def _window(self, outcome: MigrationOutcome) -> Callable[[Any], bool]:
+        # Messages sent while the migration ran (and just before: they may wait on it).
+        start, end = outcome.started - 0.05, outcome.ended
+        return lambda sent: start <= sent.at <= end
+
+    def _checks(self, verdict: Verdict, journal: list[JournalEntry]) -> list[Check]:
+        assert self.load is not None
+        succeeded = [m for m in self.migrations if m.record.phase is Phase.SUCCEEDED]
+        versions_after = [
+            r.content
+            for turn, replies in self.load.replies.items()
+            for r in replies
+            if r.version != "1"
+        ]
+        fires = [
+            (e.payload["schedule_id"], e.payload.get("fire_no"))
+            for e in journal
+            if e.kind == EntryKind.SCHEDULE and e.payload.get("op") == ScheduleOp.FIRE
+        ]
+        drained = [
+            e
+            for e in journal
+            if e.kind == EntryKind.CONTROL and e.payload.get("event") == ControlEvent.DRAINED
+        ]
+        shadow_moves = [m for m in succeeded if m.record.spec.strategy == "shadow"]
+        matches = [m.state_matches for m in shadow_moves]
+        return [
+            Check(
+                "lost", verdict.lost == 0, f"{verdict.lost} of {verdict.sent} messages got no reply"
+            ),
+            Check(
+                "duplicated",
+                verdict.duplicated == 0,
+                f"{verdict.duplicated} messages answered more than once",
+            ),
+            Check("reordered", verdict.reordered == 0, f"{verdict.reordered} replies out of order"),
+            Check(
+                "one version per reply",
+                verdict.version_switches <= len(succeeded),
+                f"versions changed {verdict.version_switches} times over "
+                f"{len(succeeded)} migrations",
+            ),
+            Check(
+                "migrations succeeded",
+                len(succeeded) == len(self.migrations),
+                f"{len(succeeded)} of {len(self.migrations)} succeeded",
+            ),
+            Check(
+                "new versions answer with v1's memory",
+                bool(versions_after) and all(f"hi {NAME}" in c for c in versions_after)
+                if succeeded
+                else True,
+                f"{sum(f'hi {NAME}' in c for c in versions_after)} of {len(versions_after)} "
+                "replies after the upgrade greet the name v1 learned",
+            ),
+            Check(
+                "state at fence_seq equals the source's",
+                all(m is True for m in matches),
+                f"{sum(m is True for m in matches)} of {len(matches)} migrations matched "
+                "the journal fold",
+            ),
+            Check(
+                "schedules fired exactly once",
+                len(fires) == len(set(fires)),
+                f"{len(fires)} fires, {len(set(fires))} distinct",
+            ),
+            Check(
+                "sources drained",
+                len(drained) >= len(succeeded),
+                f"{len(drained)} drain reports for {len(succeeded)} replaced owners",
+            ),
+        ]
+
+
+def summarise(values: list[float]) -> dict[str, float | None]:
+    clean = [v for v in values if v is not None]
+    if not clean:
+        return {"p50": None, "p99": None}
+    return {"p50": round(percentile(clean, 50), 3), "p99": round(percentile(clean, 99), 3)}
