@@ -58,6 +58,7 @@ class OwnerChannelClient:
                 params={"epoch": self._epoch, "after": self._after},
                 heartbeat=20.0,
                 max_msg_size=0,
+                compress=0,  # small JSON frames on a local network: deflating costs more
             )
         except aiohttp.WSServerHandshakeError as exc:
             raise GatewayError(

@@ -51,7 +51,9 @@ class PauseTarget:
 PauseObserver = Callable[[float], None]
 
 
-DEFAULT_WINDOW: Final = 8
+# Inbound entries released ahead of the acks: enough to keep a busy owner fed, few
+# enough that a fence waits for a handful of turns at most.
+DEFAULT_WINDOW: Final = 4
 
 
 class SessionGate:
@@ -114,6 +116,10 @@ class SessionGate:
             while self._outstanding and self._outstanding[0] <= last:
                 self._outstanding.popleft()
             self._notify()
+
+    async def changed(self) -> None:
+        """Until the gate changes next (no timeout)."""
+        await self._changed.wait()
 
     async def wait_changed(self, timeout_s: float = 1.0) -> None:
         """Until the gate changes (re-checked at least every ``timeout_s``)."""
@@ -222,6 +228,17 @@ class SessionGates:
 
     async def epoch_changed(self, gate: SessionGate, ownership: Ownership) -> None:
         await gate.advance(ownership, await self.unacked_inbound(gate.session))
+
+    async def catch_up(self, gate: SessionGate) -> None:
+        """Bring the gate up to the store's epoch.
+
+        An epoch change is recorded in the gate just after its marker commits; a new
+        owner that saw the marker can ask in between, and must find the gate current
+        rather than be told it was superseded.
+        """
+        ownership = await self._store.get_ownership(gate.session)
+        if ownership.epoch > gate.epoch:
+            await self.epoch_changed(gate, ownership)
 
     async def _create(self, session: str) -> SessionGate:
         ownership = await self._store.get_ownership(session)

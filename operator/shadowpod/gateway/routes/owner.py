@@ -52,6 +52,8 @@ async def deliver(
     gw: Gateway, gate: SessionGate, session: str, epoch: int, after: int, limit: int
 ) -> tuple[list[JournalEntry], int]:
     """The journal after ``after`` and the release watermark for the owner at ``epoch``."""
+    if epoch != gate.epoch:
+        await gw.gates.catch_up(gate)
     page = await gw.store.read(session, after, limit)
     # Releases continue from where the gate last looked, not from what the owner asks
     # for: it may already hold (unreleased) entries past the release watermark.

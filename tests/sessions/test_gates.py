@@ -1,0 +1,70 @@
+"""Delivery gates: what an owner may process, during fences and epoch changes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.ownership import Ownership
+from shadowpod.journal.sqlite.store import SQLiteJournalStore
+from shadowpod.sessions.gates import SessionGates, Superseded
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteJournalStore]:
+    async with SQLiteJournalStore(tmp_path / "j.db") as opened:
+        await opened.create_session("s")
+        await opened.compare_and_set_ownership("s", 0, Ownership(epoch=1, owner="a"))
+        yield opened
+
+
+async def _inbound(store: SQLiteJournalStore, count: int) -> list[JournalEntry]:
+    await store.append(
+        "s",
+        [
+            NewEntry(kind="message", payload={"role": "user", "content": f"m{n}"})
+            for n in range(count)
+        ],
+    )
+    return await store.read("s", 0, 1000)
+
+
+async def test_no_more_than_the_window_is_released_ahead_of_the_acks(
+    store: SQLiteJournalStore,
+) -> None:
+    gates = SessionGates(store, window=3)
+    gate = await gates.get("s")
+    entries = await _inbound(store, 5)  # seq 1 is the epoch marker, 2..6 inbound
+    assert gate.release(entries, 1) == 4
+    gate.acked([2])
+    assert gate.release(entries, 1) == 5
+    assert gate.outstanding == 3
+
+
+async def test_a_fenced_gate_releases_nothing_new_until_lifted(store: SQLiteJournalStore) -> None:
+    gates = SessionGates(store)
+    gate = await gates.get("s")
+    entries = await _inbound(store, 2)
+    await gate.fence()
+    assert gate.release(entries, 1) == 0
+    await gate.unfence()
+    assert gate.release(entries, 1) == 3
+
+
+async def test_a_new_owner_asking_before_the_gate_heard_of_its_epoch_is_served(
+    store: SQLiteJournalStore,
+) -> None:
+    gates = SessionGates(store)
+    gate = await gates.get("s")
+    entries = await _inbound(store, 1)
+    # The epoch moves in the store (the fence's compare-and-set) before the gate is told.
+    await store.compare_and_set_ownership("s", 1, Ownership(epoch=2, owner="b"))
+    with pytest.raises(Superseded):
+        gate.release(entries, 2)  # the gate alone would turn the new owner away...
+    await gates.catch_up(gate)  # ...so deliveries bring it up to the store first
+    assert gate.release(entries, 2) == 2
+    with pytest.raises(Superseded):
+        gate.release(entries, 1)  # while the old owner is refused
