@@ -104,6 +104,29 @@ async def test_a_body_over_max_body_bytes_is_413_too_large(
     await assert_still_serving(http, small.url, "s")
 
 
+async def test_snapshots_have_their_own_larger_limit(
+    start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    small = await start_gateway(max_body_bytes=2048, max_snapshot_bytes=64 * 1024)
+    async with GatewayClient(small.url, CONTROL) as control:
+        token = (await control.create_session(CreateSession(session="s"))).agent_token
+        await control.post_message("s", "hello")  # seq 1: something to snapshot
+
+    def snapshot(size: int) -> dict[str, object]:
+        return {"watermark": 1, "schema_version": 3, "document": {"memory": {"blob": "x" * size}}}
+
+    stored = await call(
+        http, "PUT", f"{small.url}/v1/sessions/s/snapshots", token=token, json=snapshot(8 * 1024)
+    )
+    assert stored.status == 201, stored.text  # over the body limit, within the snapshot limit
+    refused = await call(
+        http, "PUT", f"{small.url}/v1/sessions/s/snapshots", token=token, json=snapshot(128 * 1024)
+    )
+    assert_error(refused, 413, "TooLarge")
+    assert "65536 bytes" in refused.json["message"]
+    await assert_still_serving(http, small.url, "s")
+
+
 async def test_too_many_entries_in_one_owner_append_is_413_and_appends_nothing(
     start_gateway: StartGateway, http: aiohttp.ClientSession
 ) -> None:

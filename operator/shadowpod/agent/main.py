@@ -9,7 +9,7 @@ import sys
 
 from aiohttp import web
 
-from shadowpod import logs
+from shadowpod import eventloop, logs
 from shadowpod.agent.app import Agent
 from shadowpod.agent.runtime import AgentRuntime
 from shadowpod.agent.server import make_status_app
@@ -41,4 +41,4 @@ def run_agent(agent: Agent) -> None:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
-    sys.exit(asyncio.run(serve_agent(agent, settings)))
+    sys.exit(eventloop.run(serve_agent(agent, settings)))

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 import aiohttp
-from pydantic import JsonValue
 
 from shadowpod.agent.app import Agent
 from shadowpod.agent.identity import Identity
@@ -45,7 +44,7 @@ from shadowpod.domain.payloads import (
     ToolStatus,
 )
 from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.schema import dump_state, load_state, state_digest
+from shadowpod.domain.schema import load_state, state_digest
 from shadowpod.domain.state import PendingInbound, SessionState
 
 logger = logging.getLogger(__name__)
@@ -101,11 +100,13 @@ class AgentRuntime:
         self._awaiting = 0  # seq of our last append: the next turn waits for it to come back
         self._released = 0  # the highest inbound seq the gateway released to us
         self._channel: OwnerChannelClient | None = None
+        self._hook: asyncio.Task[None] | None = None
         self._superseded = False
         self._in_turn = False
         self._stopping = False
         self._snapshot_task: asyncio.Task[int] | None = None
         self._since_snapshot = 0
+        self._last_snapshot_at = 0  # the watermark of the last periodic snapshot
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -218,7 +219,15 @@ class AgentRuntime:
                 failures = await self._backoff(failures, exc)
         if self.promotion is not None:
             self.epoch = self.promotion.epoch
-            logger.info("promoted", extra={"session": self.session, "epoch": self.epoch})
+            logger.info(
+                "promoted",
+                extra={
+                    "session": self.session,
+                    "epoch": self.epoch,
+                    "fence_seq": self.promotion.fence_seq,
+                    "since_marker_ms": round((time.time() - self.promotion.at) * 1000, 1),
+                },
+            )
 
     # --- owner ------------------------------------------------------------------------
 
@@ -240,6 +249,17 @@ class AgentRuntime:
                     if not adopted:
                         await self._become_owner()
                         adopted = True
+                        logger.info(
+                            "serving as owner",
+                            extra={
+                                "session": self.session,
+                                "epoch": self.epoch,
+                                "pending": len(self.folder.peek().pending),
+                                "since_marker_ms": None
+                                if self.promotion is None
+                                else round((time.time() - self.promotion.at) * 1000, 1),
+                            },
+                        )
                     while not (self._superseded or self._stopping):
                         self._take(channel)
                         if (inbound := self._next_inbound()) is not None:
@@ -311,19 +331,31 @@ class AgentRuntime:
                     id=f"state-migration:{self.epoch}",
                 )
             )
+        if entries:
+            await self._append(entries)
+        if self.agent.owner_hook is not None:
+            # Background work the agent starts as owner must not hold up the turns the
+            # session has been waiting for (a migration's buffered messages).
+            self._hook = asyncio.create_task(self._owner_hook(), name="on-owner")
+
+    async def _owner_hook(self) -> None:
+        assert self.agent.owner_hook is not None
         context = OwnerContext(
             agent=self.agent,
-            state=state,
+            state=self.folder.view(),
             epoch=self.epoch,
             instance=self.identity.instance,
             append=self._append,
             processes=self.processes,
         )
-        if self.agent.owner_hook is not None:
+        try:
             await self.agent.owner_hook(context)
-        entries += context.take_outputs()
-        if entries:
-            await self._append(entries)
+            if outputs := context.take_outputs():
+                await self._append(outputs)
+        except Superseded:
+            pass
+        except Exception:
+            logger.exception("the on_owner hook failed", extra={"session": self.session})
 
     async def _turn(self, inbound: PendingInbound) -> None:
         state = self.folder.peek()
@@ -416,8 +448,12 @@ class AgentRuntime:
             elif event == ControlEvent.SNAPSHOT_REQUEST and self.mode == "owner":
                 snapshot_due = True
         self._since_snapshot += len(batch)
+        # Every ``snapshot_every`` entries, but never more often than the journal has
+        # grown since the last one: a snapshot costs as much as the state is large, so
+        # its cost per entry stays constant, and a restart replays at most half the journal.
         every = self.settings.snapshot_every
-        if self.mode == "owner" and (snapshot_due or (every and self._since_snapshot >= every)):
+        due = every and self._since_snapshot >= max(every, self._last_snapshot_at)
+        if self.mode == "owner" and (snapshot_due or due):
             self._start_snapshot()
 
     def _on_epoch(self, entry: JournalEntry) -> None:
@@ -437,19 +473,34 @@ class AgentRuntime:
     def _start_snapshot(self) -> None:
         if self._snapshot_task is None or self._snapshot_task.done():
             self._since_snapshot = 0
+            self._last_snapshot_at = self.folder.watermark
             self._snapshot_task = asyncio.create_task(self.snapshot())
+            self._snapshot_task.add_done_callback(self._snapshot_done)
+
+    def _snapshot_done(self, task: asyncio.Task[int]) -> None:
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            logger.error("snapshot failed: %s", exc, extra={"session": self.session})
 
     async def snapshot(self) -> int:
         """Store a snapshot of the current state while serving; returns its watermark."""
+        started = time.monotonic()
         view = self.folder.view()  # a private copy: serialised off the event loop
-        document: dict[str, JsonValue] = await asyncio.to_thread(dump_state, view)
+        document = await asyncio.to_thread(view.model_dump_json)
         await self.client.put_snapshot(
             self.session,
             watermark=view.watermark,
             schema_version=view.schema_version,
-            document=document,
+            document_json=document.encode(),
         )
-        logger.info("snapshot stored", extra={"session": self.session, "watermark": view.watermark})
+        logger.info(
+            "snapshot stored",
+            extra={
+                "session": self.session,
+                "watermark": view.watermark,
+                "bytes": len(document),
+                "took_ms": round((time.monotonic() - started) * 1000, 1),
+            },
+        )
         return view.watermark
 
     # --- leaving ----------------------------------------------------------------------
@@ -459,6 +510,10 @@ class AgentRuntime:
             return
         was_owner = self.mode == "owner"
         self.mode = "draining"
+        if self._hook is not None and not self._hook.done():
+            self._hook.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._hook
         if self._snapshot_task is not None:
             self._snapshot_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -6,7 +6,7 @@ generators). Transport-free: no aiohttp here. ``openapi.yaml`` documents the sam
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
@@ -132,7 +132,9 @@ class DrainReport(_Body):
 class SnapshotPut(_Body):
     watermark: int = Field(ge=0)
     schema_version: int = Field(ge=1)
-    document: dict[str, JsonValue]
+    # Any JSON object (the state document of its schema version): not walked value by
+    # value here — documents run to megabytes, and the schema loader checks them.
+    document: dict[str, Any]
 
 
 class SnapshotInfoOut(_Body):
@@ -144,7 +146,7 @@ class SnapshotInfoOut(_Body):
 
 class SnapshotOut(_Body):
     info: SnapshotInfoOut
-    document: dict[str, JsonValue]
+    document: dict[str, Any]
 
 
 class SnapshotRequested(_Body):

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from pathlib import Path
 
 import click
 
-from shadowpod import logs
+from shadowpod import eventloop, logs
 from shadowpod.gateway.config import GatewayConfig, read_tokens
 
 
@@ -37,6 +36,13 @@ from shadowpod.gateway.config import GatewayConfig, read_tokens
     help="Tokens clients must present; without it, client routes are open.",
 )
 @click.option("--max-body-bytes", default=1024 * 1024, show_default=True, type=click.IntRange(1024))
+@click.option(
+    "--max-snapshot-bytes",
+    default=256 * 1024 * 1024,
+    show_default=True,
+    type=click.IntRange(1024),
+    help="Largest snapshot an agent may store (a whole session state).",
+)
 @click.option("--no-schedules", is_flag=True, help="Do not fire schedules (another gateway does).")
 @click.option("--log-level", default="info", show_default=True)
 @click.option(
@@ -49,6 +55,7 @@ def gateway(
     control_token_file: Path,
     client_token_file: Path | None,
     max_body_bytes: int,
+    max_snapshot_bytes: int,
     no_schedules: bool,
     log_level: str,
     log_format: str,
@@ -65,6 +72,7 @@ def gateway(
             if client_token_file
             else frozenset(),
             max_body_bytes=max_body_bytes,
+            max_snapshot_bytes=max_snapshot_bytes,
             schedules=not no_schedules,
         )
     except ValueError as exc:
@@ -73,7 +81,7 @@ def gateway(
     from shadowpod.gateway.app import serve
 
     try:
-        asyncio.run(serve(config))
+        eventloop.run(serve(config))
     except OSError as exc:
         click.echo(f"error: cannot serve on {host}:{port}: {exc}", err=True)
         sys.exit(1)

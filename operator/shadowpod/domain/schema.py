@@ -105,6 +105,8 @@ def migrate_document(
         )
     if version > target:
         raise SchemaTooNew(found=version, supported=target)
+    if version == target:
+        return dict(doc)  # nothing to change: no copy of what may be megabytes
     migrated: Document = copy.deepcopy(dict(doc))
     for step_from in range(version, target):
         step = migrations.get(step_from)

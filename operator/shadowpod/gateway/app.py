@@ -57,10 +57,14 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
         metrics=metrics,
     )
     app = web.Application(
-        client_max_size=config.max_body_bytes, middlewares=[count_requests, error_middleware]
+        # Each route checks its own limit (read_body); this is the largest of them.
+        client_max_size=max(config.max_body_bytes, config.max_snapshot_bytes),
+        middlewares=[count_requests, error_middleware],
     )
     app[GATEWAY] = gw
-    app[LIMITS] = Limits(max_body_bytes=config.max_body_bytes)
+    app[LIMITS] = Limits(
+        max_body_bytes=config.max_body_bytes, max_snapshot_bytes=config.max_snapshot_bytes
+    )
     for table in ROUTE_TABLES:
         app.add_routes(table)
     app.cleanup_ctx.append(_lifecycle)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shadowpod.sessions.tokens import token_hash
 
 DEFAULT_MAX_BODY: Final = 1024 * 1024
+DEFAULT_MAX_SNAPSHOT: Final = 256 * 1024 * 1024
 
 
 class GatewayConfig(BaseModel):
@@ -21,12 +22,17 @@ class GatewayConfig(BaseModel):
     control_token_hashes: frozenset[str]
     client_token_hashes: frozenset[str] = frozenset()
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY, ge=1024)
+    max_snapshot_bytes: int = Field(
+        default=DEFAULT_MAX_SNAPSHOT,
+        ge=1024,
+        description="Snapshots carry a whole session state: they get a larger limit.",
+    )
     max_entries_per_append: int = Field(default=1000, ge=1)
     max_page: int = Field(default=10_000, ge=1, description="Most entries per JSON page.")
     max_wait_s: float = Field(default=30.0, gt=0, description="Longest long-poll.")
     schedules: bool = Field(default=True, description="Fire the sessions' schedules.")
     delivery_window: int = Field(
-        default=8,
+        default=4,
         ge=1,
         description="Inbound entries released to an owner ahead of its acks; "
         "a fence waits for at most these.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
@@ -30,6 +31,7 @@ logger = logging.getLogger(__name__)
 
 class Limits(BaseModel):
     max_body_bytes: int
+    max_snapshot_bytes: int
 
 
 # Kept apart from the gateway context so this middleware needs nothing else.
@@ -84,11 +86,29 @@ def field_errors(exc: ValidationError, prefix: str = "") -> list[FieldError]:
     return errors
 
 
-async def read_body(request: web.Request, model: type[M]) -> M:
-    """The request body as ``model``, or a 400 naming every field that is wrong."""
+# Bodies larger than this (snapshots) are parsed off the event loop.
+LARGE_BODY: Final = 256 * 1024
+
+
+async def read_body(request: web.Request, model: type[M], *, limit: int | None = None) -> M:
+    """The request body as ``model``, or a 400 naming every field that is wrong (413
+    when it is larger than ``limit``, by default the gateway's body limit)."""
+    limit = request.app[LIMITS].max_body_bytes if limit is None else limit
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(
+            413, "TooLarge", f"the request body is larger than the {limit} bytes allowed"
+        )
     raw = await request.read()
+    if len(raw) > limit:
+        raise ApiError(
+            413, "TooLarge", f"the request body is larger than the {limit} bytes allowed"
+        )
     try:
-        data = orjson.loads(raw)
+        data = (
+            await asyncio.to_thread(orjson.loads, raw)
+            if len(raw) > LARGE_BODY
+            else orjson.loads(raw)
+        )
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "MalformedJSON", f"the request body is not valid JSON: {exc}") from None
     try:
@@ -111,7 +131,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         status = STATUS_OF.get(type(exc), 400 if isinstance(exc, ValueError) else 500)
         return error_response(status, exc.reason, str(exc))
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[LIMITS].max_body_bytes
+        limit = request.app[LIMITS].max_snapshot_bytes
         return error_response(
             413, "TooLarge", f"the request body is larger than the {limit} bytes allowed"
         )

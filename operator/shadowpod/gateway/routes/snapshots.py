@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import orjson
 from aiohttp import web
 
-from shadowpod.api.models import SnapshotInfoOut, SnapshotOut, SnapshotPut
+from shadowpod.api.models import SnapshotInfoOut, SnapshotPut
 from shadowpod.domain.entries import format_ts
 from shadowpod.gateway.context import gateway, json_response, session_of
 from shadowpod.gateway.errors import ApiError, read_body
@@ -23,8 +26,11 @@ def _info(info: SnapshotInfo) -> SnapshotInfoOut:
     )
 
 
-def _snapshot(snapshot: Snapshot) -> SnapshotOut:
-    return SnapshotOut(info=_info(snapshot.info), document=snapshot.document)
+async def _snapshot_response(snapshot: Snapshot) -> web.Response:
+    """The snapshot as JSON, encoded off the event loop: documents run to megabytes."""
+    answer = {"info": _info(snapshot.info).model_dump(), "document": snapshot.document}
+    body = await asyncio.to_thread(orjson.dumps, answer)
+    return web.Response(body=body, content_type="application/json")
 
 
 @routes.put("/v1/sessions/{session}/snapshots", name="put_snapshot")
@@ -32,7 +38,7 @@ async def put_snapshot(request: web.Request) -> web.Response:
     gw = gateway(request)
     session = session_of(request)
     await gw.auth.agent(request, session)
-    body = await read_body(request, SnapshotPut)
+    body = await read_body(request, SnapshotPut, limit=gw.config.max_snapshot_bytes)
     info = await gw.store.put_snapshot(
         session,
         watermark=body.watermark,
@@ -59,7 +65,7 @@ async def latest_snapshot(request: web.Request) -> web.Response:
     snapshot = await gw.store.latest_snapshot(session)
     if snapshot is None:
         raise SnapshotNotFound(session)
-    return json_response(_snapshot(snapshot))
+    return await _snapshot_response(snapshot)
 
 
 @routes.get("/v1/sessions/{session}/snapshots/{watermark}", name="get_snapshot")
@@ -70,4 +76,4 @@ async def get_snapshot(request: web.Request) -> web.Response:
     raw = request.match_info["watermark"]
     if not raw.isdigit():
         raise ApiError(400, "InvalidRequest", f"snapshot watermark must be a seq, got {raw!r}")
-    return json_response(_snapshot(await gw.store.get_snapshot(session, int(raw))))
+    return await _snapshot_response(await gw.store.get_snapshot(session, int(raw)))

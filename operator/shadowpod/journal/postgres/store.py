@@ -13,6 +13,7 @@ PostgreSQL's own group commit shares the WAL flush of concurrent transactions.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -227,7 +228,7 @@ class PostgresJournalStore:
     async def put_snapshot(
         self, session: str, *, watermark: int, schema_version: int, document: Mapping[str, Any]
     ) -> SnapshotInfo:
-        blob = codec.compress_document(document)
+        blob = await asyncio.to_thread(codec.compress_document, document)
         async with self._tx() as conn:
             return await self._ops.put_snapshot(conn, session, watermark, schema_version, blob)
 
