@@ -1,7 +1,11 @@
 """``shadowpod bench migrate``: migrations under client load, with the invariants.
 
-One session of the reference agent serves ``rate`` client messages per second while
-it is migrated ``migrations`` times (v1 → v2, then moves between two v2 instances).
+``sessions`` sessions of the reference agent share ``rate`` client messages per
+second (a gateway carries many sessions; no single conversation runs at a thousand
+messages a second) while they are migrated ``migrations`` times in turn — each
+first from v1 to v2, then moved between two v2 instances. ``--sessions 1`` puts the
+whole rate on one session: each of its turns waits for the durable append of the
+previous one, which bounds what a single session can take.
 Each migration reports its total and per-phase times, the fence pause (the wait of
 the first message the fence held back), the client-visible max latency (over the
 messages sent while it ran) and the shadow's catch-up rate; the run reports the
@@ -37,27 +41,34 @@ class MigrateBenchConfig:
     rate: float = 1000.0
     migrations: int = 20
     strategy: Strategy = "shadow"
+    sessions: int = 4
     compare: int = 3
     warmup_s: float = 2.0
-    gap_s: float = 0.5
+    gap_s: float = 2.0  # between migrations: each starts a process on the same 2 cores
     workdir: Path | None = None
 
 
-def _targets(index: int) -> str:
-    """v1 → v2 first; then moves between two tags of v2 (a relocation, not an upgrade)."""
-    if index == 0:
+def _target(moves: int) -> str:
+    """A session's first move is v1 → v2; then it moves between two tags of v2 (a
+    relocation, not an upgrade)."""
+    if moves == 0:
         return "refagent:v2"
-    return "refagent:v2-b" if index % 2 else "refagent:v2"
+    return "refagent:v2-b" if moves % 2 else "refagent:v2"
 
 
 async def _series(config: MigrateBenchConfig, strategy: Strategy, count: int) -> ScenarioReport:
     workdir = Path(tempfile.mkdtemp(prefix=f"shadowpod-bench-{strategy}-", dir=config.workdir))
     try:
         policy = MigrationPolicy(max_fence_attempts=5)
-        async with LiveScenario(workdir, rate=config.rate, policy=policy) as scenario:
+        async with LiveScenario(
+            workdir, rate=config.rate, sessions=config.sessions, policy=policy
+        ) as scenario:
             await asyncio.sleep(config.warmup_s)
+            names = list(scenario.sessions)
             for index in range(count):
-                await scenario.migrate(_targets(index), strategy=strategy)
+                session = names[index % len(names)]
+                moves = len(scenario.sessions[session].migrations)
+                await scenario.migrate(_target(moves), strategy=strategy, session=session)
                 await asyncio.sleep(config.gap_s)
             return await scenario.finish()
     finally:
@@ -97,6 +108,8 @@ async def run_migrate_bench(config: MigrateBenchConfig) -> dict[str, Any]:
         "benchmark": "migrate",
         "strategy": config.strategy,
         "rate": config.rate,
+        "sessions": config.sessions,
+        "rate_per_session": round(config.rate / config.sessions, 2),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "migrations": [m.summary() for m in primary.migrations],
         "summary": _series_summary(primary),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -13,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from shadowpod import eventloop
 from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 
@@ -57,7 +57,7 @@ def journal(
         else JournalBenchConfig(backend=backend, dsn=dsn, workdir=workdir)
     )
     try:
-        report = asyncio.run(run_journal_bench(config))
+        report = eventloop.run(run_journal_bench(config))
     except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
         click.echo(f"error: the journal benchmark could not run: {exc}", err=True)
         sys.exit(2)
@@ -104,6 +104,13 @@ def _print_journal(report: dict[str, Any]) -> None:
 )
 @click.option("--migrations", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option(
+    "--sessions",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Sessions sharing the rate; migrated in turn.",
+)
+@click.option(
     "--strategy", type=click.Choice(["shadow", "restart"]), default="shadow", show_default=True
 )
 @click.option(
@@ -116,17 +123,24 @@ def _print_journal(report: dict[str, Any]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
 def migrate(
-    rate: float, migrations: int, strategy: str, compare: int, as_json: bool, check: bool
+    rate: float,
+    migrations: int,
+    sessions: int,
+    strategy: str,
+    compare: int,
+    as_json: bool,
+    check: bool,
 ) -> None:
     """Live migrations under client load: phase times, fence pause, client pause, invariants."""
     config = MigrateBenchConfig(
         rate=rate,
         migrations=migrations,
+        sessions=sessions,
         strategy="restart" if strategy == "restart" else "shadow",
         compare=compare,
     )
     try:
-        report = asyncio.run(run_migrate_bench(config))
+        report = eventloop.run(run_migrate_bench(config))
     except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
         click.echo(f"error: the migration benchmark could not run: {exc}", err=True)
         sys.exit(2)
@@ -142,7 +156,10 @@ def migrate(
 
 def _print_migrate(report: dict[str, Any]) -> None:
     summary = report["summary"]
-    table = Table(title=f"migrate benchmark — {report['strategy']} at {report['rate']:g} msg/s")
+    table = Table(
+        title=f"migrate benchmark — {report['strategy']}, {report['rate']:g} msg/s "
+        f"over {report['sessions']} sessions"
+    )
     table.add_column("figure")
     table.add_column("p50", justify="right")
     table.add_column("p99", justify="right")

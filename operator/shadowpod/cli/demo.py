@@ -24,6 +24,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from shadowpod import eventloop
 from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.local.scenario import LiveScenario, ScenarioReport
 
@@ -216,9 +217,9 @@ def demo(rate: float, before_s: float, after_s: float, workdir: Path | None, as_
     work.mkdir(parents=True, exist_ok=True)
     try:
         if as_json:
-            report = asyncio.run(_run(rate, before_s, after_s, work, Progress()))
+            report = eventloop.run(_run(rate, before_s, after_s, work, Progress()))
         else:
-            report = asyncio.run(_with_live(rate, before_s, after_s, work, console))
+            report = eventloop.run(_with_live(rate, before_s, after_s, work, console))
     except Exception as exc:  # noqa: BLE001 — a demo that cannot run says why, briefly
         click.echo(f"error: the demo could not run: {exc} (logs in {work})", err=True)
         sys.exit(2)

@@ -60,6 +60,7 @@ class MigrationOutcome:
         r = self.record
         return {
             "id": r.spec.id,
+            "session": r.spec.session,
             "strategy": r.spec.strategy,
             "source": r.spec.source.image,
             "target": r.spec.target.image,
@@ -96,46 +97,75 @@ class ScenarioReport:
         return all(check.ok for check in self.checks)
 
 
+@dataclass
+class LiveSession:
+    """One session of the scenario: its current owner and its client load."""
+
+    name: str
+    owner: InstanceRef
+    load: ClientLoad
+    migrations: list[MigrationOutcome] = field(default_factory=list)
+    watcher: asyncio.Task[None] | None = None
+    sender: asyncio.Task[None] | None = None
+
+
 class LiveScenario:
+    """``sessions`` sessions of the reference agent share ``rate`` msg/s of client load."""
+
     def __init__(
         self,
         workdir: Path,
         *,
         rate: float,
+        sessions: int = 1,
         images: ImageMap | None = None,
         heartbeat_s: float = 1.0,
         policy: MigrationPolicy | None = None,
         on_phase: Callable[[MigrationRecord], None] | None = None,
     ) -> None:
+        if sessions < 1:
+            raise ValueError("a scenario needs at least one session")
         self.workdir = workdir
         self.rate = rate
+        self.session_count = sessions
         self.deployment = LocalDeployment(workdir, images or reference_images(heartbeat_s))
         self.policy = policy or MigrationPolicy()
         self.on_phase = on_phase
-        self.owner = InstanceRef(name=f"{SESSION}-v1", image="refagent:v1")
         self.client: GatewayClient | None = None
-        self.load: ClientLoad | None = None
+        self.sessions: dict[str, LiveSession] = {}
         self.migrations: list[MigrationOutcome] = []
         self._stop = asyncio.Event()
-        self._watcher: asyncio.Task[None] | None = None
-        self._sender: asyncio.Task[None] | None = None
+
+    # The single-session view (the demo, and most tests, run one session).
+    @property
+    def main(self) -> LiveSession:
+        return next(iter(self.sessions.values()))
+
+    @property
+    def owner(self) -> InstanceRef:
+        return self.main.owner
+
+    @property
+    def load(self) -> ClientLoad:
+        return self.main.load
 
     async def __aenter__(self) -> LiveScenario:
         await self.deployment.__aenter__()
         try:
             await self._start()
         except BaseException:
-            await self.deployment.__aexit__(None, None, None)
+            await self.__aexit__()
             raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         self._stop.set()
-        for task in (self._sender, self._watcher):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        for live in self.sessions.values():
+            for task in (live.sender, live.watcher):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
         if self.client is not None:
             await self.client.close()
         await self.deployment.__aexit__(None, None, None)
@@ -143,36 +173,50 @@ class LiveScenario:
     async def _start(self) -> None:
         dep = self.deployment
         dep.add_credential(CREDENTIAL, "demo-key")
-        await dep.create_session(
-            SESSION,
-            image=self.owner.image,
-            instance=self.owner.name,
-            credentials=[CREDENTIAL],
-            schedules=[ScheduleSpec(schedule_id="digest", every_s=2.0, content="daily digest")],
-        )
         self.client = dep.client()
-        self.load = ClientLoad(self.client, SESSION, self.rate)
-        self._watcher = asyncio.create_task(self.load.watch(), name="watch-replies")
-        # A memory written under v1, which later versions must answer with.
-        seed = await self.client.post_message(SESSION, f"my name is {NAME}", id="seed-name")
-        await self._wait_reply(seed.seq)
-        self._sender = asyncio.create_task(self.load.run(self._stop), name="client-load")
+        names = (
+            [SESSION]
+            if self.session_count == 1
+            else [f"{SESSION}-{n}" for n in range(self.session_count)]
+        )
+        for name in names:
+            owner = InstanceRef(name=f"{name}-v1", image="refagent:v1")
+            await dep.create_session(
+                name,
+                image=owner.image,
+                instance=owner.name,
+                credentials=[CREDENTIAL],
+                schedules=[ScheduleSpec(schedule_id="digest", every_s=2.0, content="daily digest")],
+            )
+            live = LiveSession(name, owner, ClientLoad(self.client, name, self.rate / len(names)))
+            live.watcher = asyncio.create_task(live.load.watch(), name=f"watch-replies-{name}")
+            self.sessions[name] = live
+        for live in self.sessions.values():
+            # A memory written under v1, which later versions must answer with.
+            seed = await self.client.post_message(live.name, f"my name is {NAME}", id="seed-name")
+            await self._wait_reply(live, seed.seq)
+        for live in self.sessions.values():
+            live.sender = asyncio.create_task(
+                live.load.run(self._stop), name=f"client-load-{live.name}"
+            )
 
-    async def _wait_reply(self, seq: int, timeout_s: float = 30.0) -> None:
-        assert self.load is not None
+    async def _wait_reply(self, live: LiveSession, seq: int, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while seq not in self.load.replies:
+        while seq not in live.load.replies:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no reply to seq {seq} within {timeout_s}s")
+                raise TimeoutError(f"no reply to seq {seq} of {live.name} within {timeout_s}s")
             await asyncio.sleep(0.01)
 
     # --- migrating ----------------------------------------------------------------------
 
-    def plan(self, target_image: str, *, strategy: Strategy = "shadow") -> MigrationRecord:
-        """A migration of the session from its current owner to ``target_image``."""
+    def plan(
+        self, target_image: str, *, strategy: Strategy = "shadow", session: str | None = None
+    ) -> MigrationRecord:
+        """A migration of ``session`` (the first by default) from its owner to ``target_image``."""
+        live = self.sessions[session] if session is not None else self.main
         return self.deployment.plan(
-            SESSION,
-            source=self.owner,
+            live.name,
+            source=live.owner,
             target_image=target_image,
             strategy=strategy,
             credentials=[CREDENTIAL],
@@ -180,15 +224,16 @@ class LiveScenario:
         )
 
     async def migrate(
-        self, target_image: str, *, strategy: Strategy = "shadow"
+        self, target_image: str, *, strategy: Strategy = "shadow", session: str | None = None
     ) -> MigrationOutcome:
-        return await self.run_migration(self.plan(target_image, strategy=strategy))
+        return await self.run_migration(self.plan(target_image, strategy=strategy, session=session))
 
     async def run_migration(
         self, record: MigrationRecord, engine: MigrationEngine | None = None
     ) -> MigrationOutcome:
         """Run (or resume) ``record`` with ``engine`` (the deployment's by default)."""
         engine = engine or self.deployment.engine
+        live = self.sessions[record.spec.session]
         if self.on_phase is not None:
             self.on_phase(record)
         started = time.monotonic()
@@ -203,7 +248,7 @@ class LiveScenario:
         if self.on_phase is not None:
             self.on_phase(record)
         if record.phase is Phase.SUCCEEDED:
-            self.owner = record.spec.target
+            live.owner = record.spec.target
         outcome = MigrationOutcome(
             record=record,
             started=started,
@@ -211,6 +256,7 @@ class LiveScenario:
             client_max_latency_ms=0.0,
             state_matches=await self._state_matches(record),
         )
+        live.migrations.append(outcome)
         self.migrations.append(outcome)
         return outcome
 
@@ -240,14 +286,16 @@ class LiveScenario:
             await asyncio.sleep(0.1)
         if status.state_digest is None or status.promoted_fence_seq is None:
             return None
-        journal = await self.journal(through=status.promoted_fence_seq)
+        journal = await self.journal(record.spec.session, through=status.promoted_fence_seq)
         return state_digest(fold(SessionState(), journal)) == status.state_digest
 
-    async def journal(self, *, through: int | None = None) -> list[JournalEntry]:
+    async def journal(
+        self, session: str = SESSION, *, through: int | None = None
+    ) -> list[JournalEntry]:
         entries: list[JournalEntry] = []
         after = 0
         while through is None or after < through:
-            page, head = await self.deployment.admin.journal(SESSION, after=after, limit=10_000)
+            page, head = await self.deployment.admin.journal(session, after=after, limit=10_000)
             page = [e for e in page if through is None or e.seq <= through]
             if not page:
                 break
@@ -262,22 +310,28 @@ class LiveScenario:
     async def stop_load(self) -> None:
         """Stop sending; returns once every message sent has been accepted (or given up)."""
         self._stop.set()
-        if self._sender is not None:
-            await self._sender
+        for live in self.sessions.values():
+            if live.sender is not None:
+                await live.sender
 
     async def finish(self, *, drain_timeout_s: float = 30.0) -> ScenarioReport:
         """Stop the load, wait for every reply, and check the invariants."""
-        assert self.load is not None
         await self.stop_load()
-        await self.load.wait_answered(drain_timeout_s)
-        verdict = self.load.verdict()
+        deadline = time.monotonic() + drain_timeout_s
+        for live in self.sessions.values():
+            await live.load.wait_answered(max(0.1, deadline - time.monotonic()))
         for outcome in self.migrations:
-            window = self._window(outcome)
-            latencies = self.load.latencies(window)
+            live = self.sessions[outcome.record.spec.session]
+            latencies = live.load.latencies(self._window(outcome))
             outcome.client_max_latency_ms = max(latencies, default=0.0) * 1000
-        journal = await self.journal()
+        checks: dict[str, list[Check]] = {}
+        for live in self.sessions.values():
+            journal = await self.journal(live.name)
+            for check in self._checks(live, live.load.verdict(), journal):
+                checks.setdefault(check.name, []).append(check)
+        verdict = combine([live.load for live in self.sessions.values()])
         report = ScenarioReport(verdict=verdict, migrations=self.migrations)
-        report.checks = self._checks(verdict, journal)
+        report.checks = [_merge(name, found, len(self.sessions)) for name, found in checks.items()]
         return report
 
     def _window(self, outcome: MigrationOutcome) -> Callable[[Any], bool]:
@@ -285,14 +339,12 @@ class LiveScenario:
         start, end = outcome.started - 0.05, outcome.ended
         return lambda sent: start <= sent.at <= end
 
-    def _checks(self, verdict: Verdict, journal: list[JournalEntry]) -> list[Check]:
-        assert self.load is not None
-        succeeded = [m for m in self.migrations if m.record.phase is Phase.SUCCEEDED]
-        versions_after = [
-            r.content
-            for turn, replies in self.load.replies.items()
-            for r in replies
-            if r.version != "1"
+    def _checks(
+        self, live: LiveSession, verdict: Verdict, journal: list[JournalEntry]
+    ) -> list[Check]:
+        succeeded = [m for m in live.migrations if m.record.phase is Phase.SUCCEEDED]
+        upgraded = [
+            r.content for replies in live.load.replies.values() for r in replies if r.version != "1"
         ]
         fires = [
             (e.payload["schedule_id"], e.payload.get("fire_no"))
@@ -304,8 +356,8 @@ class LiveScenario:
             for e in journal
             if e.kind == EntryKind.CONTROL and e.payload.get("event") == ControlEvent.DRAINED
         ]
-        shadow_moves = [m for m in succeeded if m.record.spec.strategy == "shadow"]
-        matches = [m.state_matches for m in shadow_moves]
+        matches = [m.state_matches for m in succeeded if m.record.spec.strategy == "shadow"]
+        greeted = sum(f"hi {NAME}" in c for c in upgraded)
         return [
             Check(
                 "lost", verdict.lost == 0, f"{verdict.lost} of {verdict.sent} messages got no reply"
@@ -324,16 +376,13 @@ class LiveScenario:
             ),
             Check(
                 "migrations succeeded",
-                len(succeeded) == len(self.migrations),
-                f"{len(succeeded)} of {len(self.migrations)} succeeded",
+                len(succeeded) == len(live.migrations),
+                f"{len(succeeded)} of {len(live.migrations)} succeeded",
             ),
             Check(
                 "new versions answer with v1's memory",
-                bool(versions_after) and all(f"hi {NAME}" in c for c in versions_after)
-                if succeeded
-                else True,
-                f"{sum(f'hi {NAME}' in c for c in versions_after)} of {len(versions_after)} "
-                "replies after the upgrade greet the name v1 learned",
+                greeted == len(upgraded) and (bool(upgraded) or not succeeded),
+                f"{greeted} of {len(upgraded)} replies after the upgrade greet the name v1 learned",
             ),
             Check(
                 "state at fence_seq equals the source's",
@@ -352,6 +401,41 @@ class LiveScenario:
                 f"{len(drained)} drain reports for {len(succeeded)} replaced owners",
             ),
         ]
+
+
+def _merge(name: str, checks: list[Check], sessions: int) -> Check:
+    """One check across sessions: ok when it holds in every one."""
+    if sessions == 1:
+        return checks[0]
+    failing = [c.detail for c in checks if not c.ok]
+    detail = "; ".join(failing) if failing else f"holds in all {sessions} sessions"
+    return Check(name, not failing, detail)
+
+
+def combine(loads: list[ClientLoad]) -> Verdict:
+    """The client-side verdict over several sessions' loads."""
+    verdicts = [load.verdict() for load in loads]
+    latencies = [latency for load in loads for latency in load.latencies()]
+    versions: dict[str, int] = {}
+    for v in verdicts:
+        for version, count in v.versions.items():
+            versions[version] = versions.get(version, 0) + count
+    return Verdict(
+        sent=sum(v.sent for v in verdicts),
+        accepted=sum(v.accepted for v in verdicts),
+        replied=sum(v.replied for v in verdicts),
+        lost=sum(v.lost for v in verdicts),
+        duplicated=sum(v.duplicated for v in verdicts),
+        reordered=sum(v.reordered for v in verdicts),
+        versions=versions,
+        version_switches=sum(v.version_switches for v in verdicts),
+        latency_ms={
+            "p50": round(percentile(latencies, 50) * 1000, 2),
+            "p99": round(percentile(latencies, 99) * 1000, 2),
+            "max": round(max(latencies, default=0.0) * 1000, 2),
+        },
+        unanswered_ids=[i for v in verdicts for i in v.unanswered_ids][:20],
+    )
 
 
 def summarise(values: list[float]) -> dict[str, float | None]:

@@ -31,6 +31,7 @@ from shadowpod.journal import codec
 T = TypeVar("T")
 
 MAX_BATCH: Final = 1024
+SLOW_COMMIT_S: Final = 0.1
 _STOP: Final = object()
 logger = logging.getLogger(__name__)
 
@@ -144,6 +145,13 @@ class GroupCommitWriter:
             conn.close()
 
     def _commit(self, conn: sqlite3.Connection, batch: list[_Write[Any]]) -> None:
+        started = time.monotonic()
+        self._commit_once(conn, batch)
+        took = time.monotonic() - started
+        if took > SLOW_COMMIT_S:
+            logger.warning("slow journal commit: %.0f ms for %d writes", took * 1000, len(batch))
+
+    def _commit_once(self, conn: sqlite3.Connection, batch: list[_Write[Any]]) -> None:
         now_us = time.time_ns() // 1000
         now = codec.from_us(now_us)
         try:
