@@ -8,9 +8,10 @@ import pytest
 
 from shadowpod.domain.ownership import FenceState
 from shadowpod.engine.engine import MigrationEngine
+from shadowpod.engine.ports import FenceOutcomeUnknown
 from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.local.scenario import SESSION, LiveScenario
-from tests.engine.conftest import EngineCrashed, hooked_engine
+from tests.engine.conftest import EngineCrashed, HookedRecords, hooked_engine
 
 BOUNDARIES = [
     Phase.PREFLIGHT,
@@ -109,6 +110,60 @@ async def test_preflight_refuses_what_cannot_work_and_nothing_changes(
     assert (ownership.epoch, ownership.owner) == (2, upgraded.record.spec.target.name)
     report = await scenario.finish()
     assert (report.verdict.lost, report.verdict.duplicated, report.verdict.reordered) == (0, 0, 0)
+
+
+class _AnswerLost:
+    """The engine's fence call fails while the gateway's exchange is still waiting for
+    the source to finish its turn; the exchange goes on and commits afterwards."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.exchanges: list[asyncio.Task[object]] = []
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+    async def fence(self, session: str, **kwargs: object) -> object:
+        exchange = asyncio.create_task(self._inner.fence(session, **kwargs))  # type: ignore[attr-defined]
+        self.exchanges.append(exchange)
+        await asyncio.sleep(0.2)
+        assert not exchange.done(), "the source was meant to be mid-turn"
+        raise FenceOutcomeUnknown("no answer from the gateway: connection reset")
+
+
+@pytest.mark.parametrize("attempts", [5, 1], ids=["retry-finds-the-bump", "rollback-finds-it"])
+async def test_a_fence_whose_answer_is_lost_is_found_committed_and_finished_forward(
+    scenario: LiveScenario, attempts: int
+) -> None:
+    """Whether the next attempt or the rollback looks, it waits out the exchange still
+    running and sees its bump: the new owner is kept (never stopped) and the migration
+    succeeds. Stopping the shadow first would leave the session owned by nobody."""
+    dep = scenario.deployment
+    client = scenario.client
+    assert client is not None
+
+    async def mid_turn(record: MigrationRecord) -> None:
+        # Released to the source just before the fence; shorter than the fence timeout.
+        await client.post_message(SESSION, "sleep 0.8", id="mid-turn")
+        await asyncio.sleep(0.1)
+
+    record = scenario.plan("refagent:v2")
+    policy = record.spec.policy.model_copy(update={"max_fence_attempts": attempts})
+    record = record.model_copy(update={"spec": record.spec.model_copy(update={"policy": policy})})
+    lost = _AnswerLost(dep.control)
+    records = HookedRecords(dep.records, {Phase.CATCHING_UP: mid_turn})
+    engine = MigrationEngine(dep.runtime, lost, records)  # type: ignore[arg-type]
+    outcome = await scenario.run_migration(record, engine)
+    await asyncio.gather(*lost.exchanges, return_exceptions=True)
+    done = outcome.record
+    assert done.phase is Phase.SUCCEEDED, done.error
+    assert done.fence is not None and done.fence.epoch == 2
+    assert any("already bumped" in n or "no answer" in n for n in done.notes), done.notes
+    assert done.recoveries == 0  # the new owner was never stopped
+    ownership = await dep.admin.ownership(SESSION)
+    assert (ownership.epoch, ownership.owner) == (2, done.spec.target.name)
+    report = await scenario.finish()
+    assert [c.name for c in report.checks if not c.ok] == []
 
 
 class _DiesAfterFence:

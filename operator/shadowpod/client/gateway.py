@@ -290,8 +290,12 @@ class GatewayClient:
         )
 
     async def fence(self, session: str, request: FenceRequest) -> FenceResult:
+        # The gateway may legitimately take the whole fence timeout before answering.
+        timeout_s = request.timeout_s + REQUEST_TIMEOUT_S
         return FenceResult.model_validate(
-            await self._call("POST", f"/v1/sessions/{session}/fence", body=request)
+            await self._call(
+                "POST", f"/v1/sessions/{session}/fence", body=request, timeout_s=timeout_s
+            )
         )
 
     async def unfence(self, session: str, *, expect_epoch: int) -> Ownership:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Final, TypeVar
 
 from shadowpod.domain.errors import ShadowpodError
-from shadowpod.domain.ownership import FenceState
+from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.engine.ports import (
+    FenceOutcomeUnknown,
     FencePause,
     FenceTimedOut,
     InstanceSpec,
@@ -41,6 +42,9 @@ from shadowpod.engine.record import (
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 POLL_S: Final = 0.01
+# Polls back off to this: a phase that takes a second (a process starting) is not
+# asked a hundred times, while one that takes milliseconds is seen at once.
+MAX_POLL_S: Final = 0.05
 Clock = Callable[[], float]
 
 
@@ -126,13 +130,20 @@ class MigrationEngine:
         self, check: Callable[[], Awaitable[T | None]], *, timeout_s: float, what: str
     ) -> T:
         deadline = self._clock() + timeout_s
+        delays = self._delays()
         while True:
             value = await check()
             if value is not None:
                 return value
             if self._clock() > deadline:
                 raise StepFailed(f"{what} did not happen within {timeout_s:g}s")
-            await asyncio.sleep(self._poll_s)
+            await asyncio.sleep(next(delays))
+
+    def _delays(self) -> Iterator[float]:
+        delay = self._poll_s
+        while True:
+            yield delay
+            delay = min(delay * 1.5, max(self._poll_s, MAX_POLL_S))
 
     async def _alive(self, name: str, role: str) -> InstanceStatus:
         status = await self.runtime.status(name)
@@ -192,26 +203,57 @@ class MigrationEngine:
 
     async def _rolling_back(self, record: MigrationRecord) -> MigrationRecord:
         spec = record.spec
-        ownership = await self.control.ownership(spec.session)
-        if (
-            record.source_epoch is not None
-            and ownership.epoch == record.source_epoch + 1
-            and ownership.owner == spec.target.name
-        ):
-            # The epoch was bumped after all (the failure came after the commit).
+        # The fence first, the shadow after: an exchange whose answer was lost may still
+        # be committing, and the gateway serializes it with the unfence. Stopping the
+        # shadow first could leave the session owned by a stopped instance.
+        ownership = await self._lift_stale_fence(record)
+        if self._bumped_to_target(record, ownership):
             note = "rollback found the epoch already bumped; finishing forward"
-            fence = FenceInfo(
-                epoch=ownership.epoch,
-                fence_seq=ownership.fence_seq or 0,
-                waited_ms=0.0,
-                attempts=record.fence_attempts,
+            return record.enter(
+                Phase.COMMITTED,
+                fence=self._fence_found(record, ownership),
+                notes=[*record.notes, note],
             )
-            return record.enter(Phase.COMMITTED, fence=fence, notes=[*record.notes, note])
         if spec.strategy == "shadow":
             await self.runtime.stop(spec.target.name, grace_s=spec.policy.drain_grace_s)
-        if ownership.fence is FenceState.FENCED and ownership.epoch == record.source_epoch:
-            await self.control.unfence(spec.session, expect_epoch=ownership.epoch)
         return record.enter(Phase.ROLLED_BACK)
+
+    def _bumped_to_target(self, record: MigrationRecord, ownership: Ownership) -> bool:
+        return (
+            record.source_epoch is not None
+            and ownership.epoch == record.source_epoch + 1
+            and ownership.owner == record.spec.target.name
+        )
+
+    @staticmethod
+    def _fence_found(record: MigrationRecord, ownership: Ownership) -> FenceInfo:
+        """The fence of an exchange that committed without the engine seeing its answer."""
+        return FenceInfo(
+            epoch=ownership.epoch,
+            fence_seq=ownership.fence_seq or 0,
+            waited_ms=0.0,
+            attempts=record.fence_attempts,
+        )
+
+    async def _lift_stale_fence(self, record: MigrationRecord) -> Ownership:
+        """The ownership once no fence of the source epoch is left standing.
+
+        A fence with no exchange behind it (its gateway call or its engine died) holds
+        the source's delivery back for good; lift it. If an exchange was in fact still
+        running and commits first, the unfence is refused — read again and see the bump.
+        """
+        session = record.spec.session
+        ownership = await self.control.ownership(session)
+        if ownership.fence is not FenceState.FENCED or ownership.epoch != record.source_epoch:
+            return ownership
+        try:
+            await self.control.unfence(session, expect_epoch=ownership.epoch)
+        except ShadowpodError:
+            ownership = await self.control.ownership(session)
+            if not self._bumped_to_target(record, ownership):
+                raise
+            return ownership
+        return await self.control.ownership(session)
 
     # --- shadow strategy --------------------------------------------------------------
 
@@ -260,23 +302,16 @@ class MigrationEngine:
     async def _fencing(self, record: MigrationRecord) -> MigrationRecord:
         spec, policy = record.spec, record.spec.policy
         assert record.source_epoch is not None
-        ownership = await self.control.ownership(spec.session)
-        if ownership.epoch == record.source_epoch + 1 and ownership.owner == spec.target.name:
-            fence = FenceInfo(
-                epoch=ownership.epoch,
-                fence_seq=ownership.fence_seq or 0,
-                waited_ms=0.0,
-                attempts=record.fence_attempts,
-            )  # bumped before the engine stopped: the fence succeeded
-            return record.enter(Phase.COMMITTED, fence=fence)
+        ownership = await self._lift_stale_fence(record)
+        if self._bumped_to_target(record, ownership):
+            # An earlier attempt committed but its answer was lost (or the engine
+            # stopped before saving it): the fence succeeded.
+            return record.enter(Phase.COMMITTED, fence=self._fence_found(record, ownership))
         if ownership.epoch != record.source_epoch:
             raise StepFailed(
                 f"ownership of {spec.session!r} changed under the migration: epoch "
                 f"{ownership.epoch}, owner {ownership.owner!r}"
             )
-        if ownership.fence is FenceState.FENCED:
-            # A fence left by a previous engine run (its gateway call died with it).
-            await self.control.unfence(spec.session, expect_epoch=ownership.epoch)
         attempts = record.fence_attempts + 1
         try:
             outcome = await self.control.fence(
@@ -284,6 +319,14 @@ class MigrationEngine:
                 expect_epoch=record.source_epoch,
                 new_owner=spec.target.name,
                 timeout_s=policy.fence_timeout_s,
+            )
+        except FenceOutcomeUnknown as exc:
+            if attempts >= policy.max_fence_attempts:
+                raise StepFailed(f"no answer to {attempts} fence attempts: {exc}") from exc
+            # Back through CatchingUp: the next Fencing reads what became of this one.
+            note = f"fence attempt {attempts} got no answer ({exc}); checking and retrying"
+            return record.enter(
+                Phase.CATCHING_UP, fence_attempts=attempts, notes=[*record.notes, note]
             )
         except FenceTimedOut as exc:
             if attempts >= policy.max_fence_attempts:
@@ -308,6 +351,7 @@ class MigrationEngine:
         assert record.fence is not None
         epoch = record.fence.epoch
         deadline = self._clock() + spec.policy.phase_timeout_s
+        delays = self._delays()
         while True:
             status = await self.runtime.status(spec.target.name)
             if status.alive and status.mode == "owner" and status.epoch == epoch:
@@ -332,7 +376,7 @@ class MigrationEngine:
                 await self.records.save(record)
             if self._clock() > deadline:
                 raise StepFailed(f"the new owner did not take over epoch {epoch} in time")
-            await asyncio.sleep(self._poll_s)
+            await asyncio.sleep(next(delays))
 
     async def _draining(self, record: MigrationRecord) -> MigrationRecord:
         spec, policy = record.spec, record.spec.policy

@@ -49,7 +49,6 @@ class InstanceStatus(BaseModel):
     catchup_entries: int | None = None
     catchup_entries_per_s: float | None = None
     promoted_fence_seq: int | None = None
-    state_digest: str | None = None
     error: str | None = None
 
 
@@ -76,6 +75,13 @@ class FenceTimedOut(ShadowpodError):
     """The owner did not go idle within the fence timeout; the fence was lifted."""
 
     reason = "FenceTimeout"
+
+
+class FenceOutcomeUnknown(ShadowpodError):
+    """The fence call got no answer (timeout, connection lost): the epoch may or may
+    not have been bumped. Re-read the ownership before doing anything else."""
+
+    reason = "FenceOutcomeUnknown"
 
 
 class Runtime(Protocol):

@@ -15,7 +15,7 @@ import aiohttp
 from shadowpod.api.models import FenceRequest, OwnershipChange
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.domain.ownership import Ownership
-from shadowpod.engine.ports import FenceOutcome, FencePause, FenceTimedOut
+from shadowpod.engine.ports import FenceOutcome, FenceOutcomeUnknown, FencePause, FenceTimedOut
 
 T = TypeVar("T")
 RETRIES: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.0, 2.0)
@@ -59,7 +59,14 @@ class GatewayControl:
         except GatewayError as exc:
             if exc.reason == "FenceTimeout":
                 raise FenceTimedOut(exc.message) from None
+            if exc.status == 503:  # not serving yet: nothing was done, so it is safe to ask again
+                raise FenceOutcomeUnknown(f"the gateway is not ready: {exc.message}") from None
             raise
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            # Not retried here: the exchange may have committed. The engine reads the
+            # ownership to find out before it tries again.
+            detail = str(exc) or type(exc).__name__
+            raise FenceOutcomeUnknown(f"no answer from the gateway: {detail}") from None
         return FenceOutcome(
             epoch=result.epoch, fence_seq=result.fence_seq, waited_ms=result.waited_ms
         )
