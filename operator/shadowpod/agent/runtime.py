@@ -71,12 +71,25 @@ class CatchUp:
         return self.entries / self.seconds if self.seconds > 0 else 0.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class Promotion:
+    """The moment this instance became owner, with its state as of ``fence_seq``.
+
+    The state is kept as a working copy (containers copied, frozen items shared: cheap)
+    and fingerprinted only when asked — hashing megabytes of transcript at the instant
+    of promotion would add to the fence pause every client waits through.
+    """
+
     epoch: int
     fence_seq: int
-    state_digest: str
+    state: SessionState
     at: float
+    _digest: str | None = None
+
+    def state_digest(self) -> str:
+        if self._digest is None:
+            self._digest = state_digest(self.state)
+        return self._digest
 
 
 class AgentRuntime:
@@ -464,7 +477,7 @@ class AgentRuntime:
             and self.promotion is None
         ):
             # The state at fence_seq, fingerprinted: it must equal what the source had.
-            self.promotion = Promotion(state.epoch, entry.seq, state_digest(state), time.time())
+            self.promotion = Promotion(state.epoch, entry.seq, state.working_copy(), time.time())
         elif self.mode == "owner" and state.epoch > self.epoch:
             self._superseded = True
 

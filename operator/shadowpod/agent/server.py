@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -47,7 +48,6 @@ def status_of(runtime: AgentRuntime) -> dict[str, Any]:
         else {
             "epoch": promotion.epoch,
             "fence_seq": promotion.fence_seq,
-            "state_digest": promotion.state_digest,
             "at": promotion.at,
         },
         "drained": None if runtime.drained is None else [p.model_dump() for p in runtime.drained],
@@ -67,6 +67,26 @@ async def readyz(request: web.Request) -> web.Response:
 
 async def status(request: web.Request) -> web.Response:
     return _json(status_of(request.app[RUNTIME]))
+
+
+async def promotion(request: web.Request) -> web.Response:
+    """How this instance became owner, with a fingerprint of its state at ``fence_seq``
+    (computed on first request, off the path of the cutover)."""
+    promoted = request.app[RUNTIME].promotion
+    if promoted is None:
+        return _json(
+            {"reason": "NotPromoted", "message": "this instance was not promoted from a shadow"},
+            404,
+        )
+    digest = await asyncio.to_thread(promoted.state_digest)
+    return _json(
+        {
+            "epoch": promoted.epoch,
+            "fence_seq": promoted.fence_seq,
+            "state_digest": digest,
+            "at": promoted.at,
+        }
+    )
 
 
 async def state(request: web.Request) -> web.Response:
@@ -94,5 +114,6 @@ def make_status_app(runtime: AgentRuntime) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/v1/state", state)
+    app.router.add_get("/v1/promotion", promotion)
     app.router.add_post("/v1/snapshot", snapshot)
     return app

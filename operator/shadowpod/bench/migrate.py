@@ -41,7 +41,7 @@ class MigrateBenchConfig:
     rate: float = 1000.0
     migrations: int = 20
     strategy: Strategy = "shadow"
-    sessions: int = 4
+    sessions: int = 8
     compare: int = 3
     warmup_s: float = 2.0
     gap_s: float = 2.0  # between migrations: each starts a process on the same 2 cores

@@ -105,7 +105,7 @@ def _print_journal(report: dict[str, Any]) -> None:
 @click.option("--migrations", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option(
     "--sessions",
-    default=4,
+    default=MigrateBenchConfig.sessions,
     show_default=True,
     type=click.IntRange(min=1),
     help="Sessions sharing the rate; migrated in turn.",

@@ -27,7 +27,7 @@ from shadowpod.api.models import ScheduleSpec
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry
 from shadowpod.domain.payloads import ControlEvent, EntryKind, ScheduleOp
-from shadowpod.domain.reducer import fold
+from shadowpod.domain.reducer import StateFolder
 from shadowpod.domain.schema import state_digest
 from shadowpod.domain.state import SessionState
 from shadowpod.engine.engine import MigrationEngine
@@ -54,7 +54,10 @@ class MigrationOutcome:
     started: float  # monotonic
     ended: float
     client_max_latency_ms: float
-    state_matches: bool | None  # the new owner's state at fence_seq == fold of the journal
+    # (fence_seq, digest) the new owner reported for its state at the cutover ...
+    promoted: tuple[int, str] | None = None
+    # ... and whether it equals a fold of the journal up to there (checked by finish()).
+    state_matches: bool | None = None
 
     def summary(self) -> dict[str, Any]:
         r = self.record
@@ -249,12 +252,17 @@ class LiveScenario:
             self.on_phase(record)
         if record.phase is Phase.SUCCEEDED:
             live.owner = record.spec.target
+        elif record.phase is Phase.FAILED:
+            # Failed after the bump, the target may own the session: follow the truth.
+            ownership = await self.deployment.admin.ownership(live.name)
+            if ownership.owner == record.spec.target.name:
+                live.owner = record.spec.target
         outcome = MigrationOutcome(
             record=record,
             started=started,
             ended=ended,
             client_max_latency_ms=0.0,
-            state_matches=await self._state_matches(record),
+            promoted=await self._promoted(record),
         )
         live.migrations.append(outcome)
         self.migrations.append(outcome)
@@ -271,23 +279,32 @@ class LiveScenario:
                 self.on_phase(record)
             await asyncio.sleep(0.02)
 
-    async def _state_matches(self, record: MigrationRecord) -> bool | None:
-        """The new owner's state at fence_seq against a fold of the journal up to there."""
-        if (
-            record.spec.strategy == "restart"
-            or record.fence is None
-            or record.phase is not Phase.SUCCEEDED
-        ):
+    async def _promoted(self, record: MigrationRecord) -> tuple[int, str] | None:
+        """What the new owner reports of its state at the cutover (shadow strategy)."""
+        if record.spec.strategy == "restart" or record.phase is not Phase.SUCCEEDED:
             return None
-        for _ in range(20):  # a busy instance may not answer its status at once
-            status = await self.deployment.runtime.status(record.spec.target.name)
-            if status.state_digest is not None or not status.alive or status.mode != "unknown":
-                break
+        for _ in range(20):  # a busy instance may not answer at once
+            promoted = await self.deployment.runtime.promoted_state_digest(record.spec.target.name)
+            if promoted is not None:
+                return promoted
             await asyncio.sleep(0.1)
-        if status.state_digest is None or status.promoted_fence_seq is None:
-            return None
-        journal = await self.journal(record.spec.session, through=status.promoted_fence_seq)
-        return state_digest(fold(SessionState(), journal)) == status.state_digest
+        return None
+
+    @staticmethod
+    def _verify_states(live: LiveSession, journal: list[JournalEntry]) -> None:
+        """Each promoted state against one incremental fold of the journal.
+
+        Done once at the end, after the load: folding a long journal is work the
+        benchmark must not add to the system it is measuring.
+        """
+        folder = StateFolder(SessionState())
+        promoted = [(m.promoted, m) for m in live.migrations if m.promoted is not None]
+        at = 0
+        for (fence_seq, digest), outcome in sorted(promoted, key=lambda p: p[0][0]):
+            while at < len(journal) and journal[at].seq <= fence_seq:
+                folder.apply(journal[at])
+                at += 1
+            outcome.state_matches = state_digest(folder.peek()) == digest
 
     async def journal(
         self, session: str = SESSION, *, through: int | None = None
@@ -327,6 +344,7 @@ class LiveScenario:
         checks: dict[str, list[Check]] = {}
         for live in self.sessions.values():
             journal = await self.journal(live.name)
+            self._verify_states(live, journal)
             for check in self._checks(live, live.load.verdict(), journal):
                 checks.setdefault(check.name, []).append(check)
         verdict = combine([live.load for live in self.sessions.values()])

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Final
 
-INTERVAL_S: Final = 0.2
+INTERVAL_S: Final = 1.0
 logger = logging.getLogger(__name__)
 
 
