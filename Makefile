@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv lint typecheck test bench clean
+.PHONY: venv lint typecheck test demo bench clean
 
 # Re-installs only when pyproject.toml changes; otherwise this is a no-op.
 $(STAMP): pyproject.toml
@@ -25,6 +25,10 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(BIN)/pytest
+
+# A live migration of an agent session under load, on this machine (no cluster).
+demo: $(STAMP)
+	$(BIN)/shadowpod demo
 
 bench: $(STAMP)
 	$(BIN)/shadowpod bench journal --json

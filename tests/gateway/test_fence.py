@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import aiohttp
 import pytest
@@ -54,6 +55,7 @@ async def test_inbound_arriving_during_a_fence_is_held_for_the_new_owner(
     )
     await asyncio.sleep(0.1)  # the fence waits for the owner's turn to end
     assert not fencing.done()
+    posted_at = time.monotonic()
     held = await client.post_message(owned.name, "during the fence")
     entries, released = await agent.owner_entries(owned.name, epoch=1, after=first.seq)
     assert held.seq in [e.seq for e in entries]  # journaled and visible ...
@@ -64,6 +66,43 @@ async def test_inbound_arriving_during_a_fence_is_held_for_the_new_owner(
     assert result.epoch == 2 and result.acked == first.seq
     _, released = await agent.owner_entries(owned.name, epoch=2, after=result.fence_seq)
     assert released == held.seq  # the new owner gets the held message
+    assert (await client.status(owned.name)).fence_pause_pending
+
+    await asyncio.sleep(0.2)  # the new owner takes a while to start the held turn
+    await agent.append(owned.name, epoch=2, entries=[reply(held.seq, "two")])
+    served_after_s = time.monotonic() - posted_at
+
+    # The fence pause is the held message's wait: from its arrival to its turn.
+    status = await client.status(owned.name)
+    assert not status.fence_pause_pending
+    assert status.last_fence_pause_ms is not None
+    assert 200 <= status.last_fence_pause_ms <= served_after_s * 1000 + 50
+
+
+async def test_the_fence_pause_of_a_message_queued_behind_a_busy_owner_starts_with_the_fence(
+    agent: GatewayClient, client: GatewayClient, control: GatewayClient, owned: Session
+) -> None:
+    window = 4  # the gateway's default delivery window
+    posted = [await client.post_message(owned.name, f"m{n}") for n in range(window + 1)]
+    _, released = await agent.owner_entries(owned.name, epoch=1, after=0)
+    assert released == posted[window - 1].seq  # the last one waits behind the window
+    await asyncio.sleep(0.5)  # the owner's backlog: not the fence's doing
+
+    fence_started = time.monotonic()
+    fencing = asyncio.create_task(
+        control.fence(owned.name, FenceRequest(expect_epoch=1, new_owner="pod-b", timeout_s=5))
+    )
+    await asyncio.sleep(0.05)
+    done = [e for p in posted[:window] for e in (reply(p.seq, "ok"), ack(p.seq))]
+    await agent.append(owned.name, epoch=1, entries=done)
+    await asyncio.wait_for(fencing, 5)
+    await agent.append(owned.name, epoch=2, entries=[reply(posted[window].seq, "late")])
+    fence_to_served_ms = (time.monotonic() - fence_started) * 1000
+
+    status = await client.status(owned.name)
+    assert status.last_fence_pause_ms is not None
+    # Counted from the fence (about 50 ms here), not from the arrival (over 500 ms ago).
+    assert 40 <= status.last_fence_pause_ms <= fence_to_served_ms + 50 < 450
 
 
 async def test_a_fence_the_owner_does_not_answer_times_out_and_delivery_resumes(

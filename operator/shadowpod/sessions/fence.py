@@ -11,6 +11,10 @@
 
 The new owner (the shadow that has been tailing the journal) sees the marker naming
 it, becomes owner, and receives the buffered inbound entries.
+
+The fence pause is the wait of the first inbound entry the fence held back: from its
+arrival (or from the fence, if it was already queued behind a busy owner) until the
+new owner journals the first output of its turn.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from shadowpod.domain.entries import JournalEntry, NewEntry, is_inbound
 from shadowpod.domain.errors import ShadowpodError
@@ -73,6 +78,7 @@ class ExchangeFence:
             )
             await gate.fence()
             started = time.monotonic()
+            fenced_at = datetime.now(UTC)
             committed = False
             try:
                 await self._store.append(
@@ -97,7 +103,9 @@ class ExchangeFence:
                 # Everything inbound after what was released, up to the bump, was held back.
                 held = await self._first_held_back(session, target, bumped.fence_seq)
                 gate.expect_pause(
-                    None if held is None else PauseTarget(bumped.epoch, held.seq, held.ts)
+                    None
+                    if held is None
+                    else PauseTarget(bumped.epoch, held.seq, max(held.ts, fenced_at))
                 )
                 return FenceOutcome(
                     epoch=bumped.epoch,

@@ -41,11 +41,16 @@ class Superseded(Exception):
 
 @dataclass(frozen=True)
 class PauseTarget:
-    """The first inbound entry a fence held back; its wait ends when its turn starts."""
+    """The first inbound entry a fence held back; its wait ends when its turn starts.
+
+    ``held_since`` is when the fence began holding it: its arrival, or the start of the
+    fence if it was already queued behind a busy owner (that earlier wait is the
+    owner's backlog, not the fence's doing, and clients see it in their latency).
+    """
 
     epoch: int
     seq: int
-    journaled_at: datetime
+    held_since: datetime
 
 
 PauseObserver = Callable[[float], None]
@@ -187,7 +192,7 @@ class SessionGate:
 
     def _record_pause(self, target: PauseTarget, started_at: float) -> None:
         self._pause = None
-        self.last_fence_pause_s = max(0.0, started_at - target.journaled_at.timestamp())
+        self.last_fence_pause_s = max(0.0, started_at - target.held_since.timestamp())
         if self._on_pause is not None:
             self._on_pause(self.last_fence_pause_s)
 
