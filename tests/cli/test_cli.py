@@ -80,3 +80,29 @@ def test_bench_journal_says_why_it_cannot_reach_postgres() -> None:
     )
     assert result.returncode == 2
     assert "could not run" in result.stderr and "cannot reach PostgreSQL" in result.stderr
+
+
+def test_bench_migrate_prints_one_json_object_with_both_strategies() -> None:
+    result = shadowpod(
+        "bench", "migrate", "--quick", "--json", "--rate", "100", "--migrations", "2",
+        "--sessions", "2", "--compare", "1",
+        timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["strategy"], report["rate"]) == ("shadow", 100.0)
+    assert [m["result"] for m in report["migrations"]] == ["Succeeded", "Succeeded"]
+    assert all(
+        set(m["phases_s"]) >= {"Restoring", "CatchingUp", "Fencing"} for m in report["migrations"]
+    )
+    summary = report["summary"]
+    for figure in ("total_s", "fence_pause_ms", "client_max_latency_ms"):
+        assert set(summary[figure]) == {"p50", "p99"}
+    assert (summary["lost"], summary["duplicated"], summary["reordered"]) == (0, 0, 0)
+    assert all(check["ok"] for check in summary["checks"]), summary["checks"]
+    replay = summary["replay"]  # a shadow replaying from the session's oldest snapshot
+    assert replay["entries"] > 0 and summary["catchup_entries_per_s"] == replay["entries_per_s"] > 0
+    assert report["comparison"]["strategy"] == "restart"
+    assert report["comparison"]["summary"]["succeeded"] == 1
+    assert summary["client_pause_restart_over_shadow"] > 0
+    assert set(report["targets"]) >= {"fence_pause_ms_p99", "total_s_p50", "invariants"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -120,6 +121,11 @@ def _print_journal(report: dict[str, Any]) -> None:
     type=click.IntRange(min=0),
     help="Migrations of the other strategy, for comparison (0: none).",
 )
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Short warm-up and gaps: checks that it runs, figures mean little.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
 def migrate(
@@ -128,6 +134,7 @@ def migrate(
     sessions: int,
     strategy: str,
     compare: int,
+    quick: bool,
     as_json: bool,
     check: bool,
 ) -> None:
@@ -139,6 +146,8 @@ def migrate(
         strategy="restart" if strategy == "restart" else "shadow",
         compare=compare,
     )
+    if quick:
+        config = dataclasses.replace(config, warmup_s=0.5, gap_s=0.3)
     try:
         report = eventloop.run(run_migrate_bench(config))
     except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
