@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -57,19 +58,7 @@ def journal(
         if quick
         else JournalBenchConfig(backend=backend, dsn=dsn, workdir=workdir)
     )
-    try:
-        report = eventloop.run(run_journal_bench(config))
-    except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
-        click.echo(f"error: the journal benchmark could not run: {exc}", err=True)
-        sys.exit(2)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        _print_journal(report)
-    missed = [name for name, t in report.get("targets", {}).items() if not t["met"]]
-    if check and missed:
-        click.echo(f"targets missed: {', '.join(missed)}", err=True)
-        sys.exit(1)
+    _run_and_report("journal", run_journal_bench(config), _print_journal, as_json, check)
 
 
 def _print_journal(report: dict[str, Any]) -> None:
@@ -148,19 +137,7 @@ def migrate(
     )
     if quick:
         config = dataclasses.replace(config, warmup_s=0.5, gap_s=0.3)
-    try:
-        report = eventloop.run(run_migrate_bench(config))
-    except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
-        click.echo(f"error: the migration benchmark could not run: {exc}", err=True)
-        sys.exit(2)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        _print_migrate(report)
-    missed = [name for name, t in report.get("targets", {}).items() if not t["met"]]
-    if check and missed:
-        click.echo(f"targets missed: {', '.join(missed)}", err=True)
-        sys.exit(1)
+    _run_and_report("migration", run_migrate_bench(config), _print_migrate, as_json, check)
 
 
 def _print_migrate(report: dict[str, Any]) -> None:
@@ -197,3 +174,27 @@ def _print_migrate(report: dict[str, Any]) -> None:
         verdict = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
         facts.add_row(f"target {name}", f"{target['measured']} vs {target['target']} {verdict}")
     Console().print(facts)
+
+
+def _run_and_report(
+    what: str,
+    bench_run: Coroutine[Any, Any, dict[str, Any]],
+    print_table: Callable[[dict[str, Any]], None],
+    as_json: bool,
+    check: bool,
+) -> None:
+    """Run a benchmark; print its report; exit 2 if it cannot run, 1 on a missed target
+    when asked to check."""
+    try:
+        report = eventloop.run(bench_run)
+    except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
+        click.echo(f"error: the {what} benchmark could not run: {exc}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        print_table(report)
+    missed = [name for name, t in report.get("targets", {}).items() if not t["met"]]
+    if check and missed:
+        click.echo(f"targets missed: {', '.join(missed)}", err=True)
+        sys.exit(1)
