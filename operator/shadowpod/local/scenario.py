@@ -31,7 +31,6 @@ from shadowpod.domain.reducer import StateFolder
 from shadowpod.domain.schema import state_digest
 from shadowpod.domain.state import SessionState
 from shadowpod.engine.engine import MigrationEngine
-from shadowpod.engine.ports import InstanceSpec
 from shadowpod.engine.record import (
     InstanceRef,
     MigrationPolicy,
@@ -81,13 +80,6 @@ class MigrationOutcome:
             "state_at_fence_matches": self.state_matches,
             "notes": r.notes,
         }
-
-
-@dataclass(frozen=True)
-class ReplayMeasure:
-    from_watermark: int
-    entries: int
-    entries_per_s: float
 
 
 @dataclass
@@ -297,39 +289,6 @@ class LiveScenario:
                 return promoted
             await asyncio.sleep(0.1)
         return None
-
-    async def measure_replay(self, session: str, image: str) -> ReplayMeasure:
-        """Start a shadow of ``session`` from its oldest snapshot, while the load goes
-        on, and report how fast it replays the journal since (then remove it).
-
-        The catch-up of a migration replays only what arrived since its fresh
-        snapshot — a few hundred entries, too few to measure a rate; this replays tens
-        of thousands, as a shadow of a long session restored from an old snapshot does.
-        """
-        dep = self.deployment
-        snapshots = await dep.admin.snapshots(session)
-        oldest = min((s.watermark for s in snapshots), default=None)
-        name = dep.next_name(session) + "-replay"
-        await dep.runtime.start(
-            InstanceSpec(name=name, image=image, session=session, mode="shadow", snapshot=oldest)
-        )
-        try:
-            deadline = time.monotonic() + 120.0
-            while True:
-                status = await dep.runtime.status(name)
-                if not status.alive:
-                    raise RuntimeError(f"the replaying shadow {name!r} died: {status.error}")
-                if status.catchup_entries is not None:
-                    return ReplayMeasure(
-                        from_watermark=oldest or 0,
-                        entries=status.catchup_entries,
-                        entries_per_s=status.catchup_entries_per_s or 0.0,
-                    )
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the replaying shadow {name!r} did not catch up")
-                await asyncio.sleep(0.05)
-        finally:
-            await dep.runtime.stop(name, grace_s=1.0)
 
     @staticmethod
     def _verify_states(live: LiveSession, journal: list[JournalEntry]) -> None:
