@@ -5,6 +5,8 @@ operator reading the journal) would notice."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -331,3 +333,57 @@ async def test_identity_files_are_reread_on_reconnect(
             await dep.runtime.stop(OWNER, grace_s=5)  # while its gateway is still there
     finally:
         await moved.stop()
+
+
+async def test_turns_queued_behind_each_other_each_see_the_last_and_share_one_append(
+    dep: LocalDeployment, client: GatewayClient
+) -> None:
+    """A backlog (here: messages that arrived while the owner was frozen) is worked off
+    in groups of quick turns journaled together, and every turn still sees the state
+    the turn before it left."""
+    await start(dep)
+    instance = dep.runtime.instance(OWNER)
+    assert instance is not None
+    os.kill(instance.process.pid, signal.SIGSTOP)
+    try:
+        seqs = [await post(client, "count") for _ in range(4)]
+        await asyncio.sleep(0.2)  # the gateway pushes the deliveries into the socket
+    finally:
+        os.kill(instance.process.pid, signal.SIGCONT)
+    entries = await wait_answered(dep.admin, seqs)
+
+    # Each turn counted on from the one before: none saw a stale state.
+    answers = [replies_to(entries, seq)[0].payload["content"] for seq in seqs]
+    assert answers == ["count 1", "count 2", "count 3", "count 4"]
+    assert folded(entries).agent.values == {"count": 4}
+
+    # Their outputs were journaled by fewer appends than turns: entries written in
+    # one commit share its timestamp, and they are contiguous.
+    outputs = [e for e in entries if e.epoch == 1 and e.seq > seqs[-1]]
+    commits = {e.ts for e in outputs}
+    assert len(commits) < len(seqs)
+    assert [e.seq for e in outputs] == list(range(seqs[-1] + 1, seqs[-1] + 1 + len(outputs)))
+
+
+async def test_a_tool_call_in_a_backlog_is_journaled_after_the_turns_before_it(
+    dep: LocalDeployment, client: GatewayClient
+) -> None:
+    await start(dep)
+    instance = dep.runtime.instance(OWNER)
+    assert instance is not None
+    os.kill(instance.process.pid, signal.SIGSTOP)
+    try:
+        seqs = [await post(client, text) for text in ("count", "echo hi", "count")]
+        await asyncio.sleep(0.2)
+    finally:
+        os.kill(instance.process.pid, signal.SIGCONT)
+    entries = await wait_answered(dep.admin, seqs)
+
+    answers = [replies_to(entries, seq)[0].payload["content"] for seq in seqs]
+    assert answers == ["count 1", "tool said {'echoed': 'hi'}", "count 2"]
+    # The intent is journaled before the tool runs, and after everything the earlier
+    # turn wrote: a new owner reading the journal sees them in the order they happened.
+    (intent,) = of_kind(entries, EntryKind.TOOL_CALL)
+    acks = {int(e.payload["turn"]): e.seq for e in of_kind(entries, EntryKind.ACK)}
+    assert list(acks) == seqs
+    assert acks[seqs[0]] < intent.seq < acks[seqs[1]]

@@ -3,8 +3,9 @@
 State is always the fold of the journal, in seq order, applied as the journal comes
 in (a shadow tails the whole journal; an owner reads the gated owner stream). An
 owner processes the lowest pending inbound entry, journals the turn's outputs and
-ack in one append, and takes the next turn only once the journal has come back past
-that ack — so every turn sees exactly the state the journal says it saw.
+ack in one append (quick turns queued behind each other share one), and takes the
+next turn only once the journal has come back past that ack — so every turn sees
+exactly the state the journal says it saw.
 
 A shadow restores a snapshot, catches up, and keeps applying entries — recorded
 outputs are applied, never re-executed. When it applies an ``epoch`` marker naming
@@ -31,6 +32,7 @@ from shadowpod.agent.identity import Identity
 from shadowpod.agent.processes import ProcessRegistry
 from shadowpod.agent.settings import AgentSettings
 from shadowpod.agent.turn import OwnerContext, ToolAbandoned, Turn
+from shadowpod.agent.turn_group import TurnGroup
 from shadowpod.api.models import DrainReport, ProcessReport, SnapshotOut
 from shadowpod.client.channel import ChannelClosed, OwnerChannelClient
 from shadowpod.client.gateway import GatewayClient, GatewayError
@@ -275,8 +277,8 @@ class AgentRuntime:
                         )
                     while not (self._superseded or self._stopping):
                         self._take(channel)
-                        if (inbound := self._next_inbound()) is not None:
-                            await self._turn(inbound)
+                        if (inbound := self._next_inbound(self.folder.peek())) is not None:
+                            await self._turns(inbound)
                         else:
                             await channel.wait(OWNER_WAIT_S)
             except ChannelClosed as exc:
@@ -303,10 +305,9 @@ class AgentRuntime:
             self._apply(delivery.entries)
             self._released = max(self._released, delivery.released)
 
-    def _next_inbound(self) -> PendingInbound | None:
+    def _next_inbound(self, state: SessionState) -> PendingInbound | None:
         """The next turn: the lowest pending inbound entry the gateway released to us,
         once the journal has caught up with our own last append."""
-        state = self.folder.peek()
         if state.watermark < self._awaiting or not state.pending:
             return None
         inbound = next(iter(state.pending.values()))
@@ -370,8 +371,29 @@ class AgentRuntime:
         except Exception:
             logger.exception("the on_owner hook failed", extra={"session": self.session})
 
-    async def _turn(self, inbound: PendingInbound) -> None:
-        state = self.folder.peek()
+    async def _turns(self, inbound: PendingInbound) -> None:
+        """Take ``inbound``'s turn, and the turns queued behind it while they are quick;
+        their outputs are journaled together (see ``shadowpod.agent.turn_group``)."""
+        group = TurnGroup(self.folder.peek(), self.epoch, self._append)
+        self._in_turn = True
+        try:
+            while True:
+                outputs = await self._turn(inbound, group)
+                group.ended(outputs)
+                self.turns += 1
+                if not group.can_take_more():
+                    break
+                next_inbound = self._next_inbound(group.fold_ahead(outputs))
+                if next_inbound is None:
+                    break
+                inbound = next_inbound
+            await group.flush()
+        finally:
+            self._in_turn = False
+
+    async def _turn(self, inbound: PendingInbound, group: TurnGroup) -> list[NewEntry]:
+        """Run the handler for ``inbound``; returns its outputs, the ack last."""
+        state = group.state
         values = dict(state.agent.values)
         migrated = bool(values) and state.agent.schema_version != self.agent.state_schema
         if migrated:
@@ -383,34 +405,29 @@ class AgentRuntime:
             values=values,
             epoch=self.epoch,
             instance=self.identity.instance,
-            append=self._append,
+            append=group.append,
             processes=self.processes,
             replaces_values=migrated,
         )
-        self._in_turn = True
+        assert self.agent.message_handler is not None
         try:
-            assert self.agent.message_handler is not None
-            try:
-                await self.agent.message_handler(turn)
-            except Superseded:
-                raise
-            except ToolAbandoned as exc:
-                await turn.reply(
-                    f"I could not confirm an earlier action: {exc}", error="tool_abandoned"
-                )
-            except Exception as exc:  # the turn still ends, or it would come back forever
-                logger.exception("turn %d failed", inbound.seq, extra={"session": self.session})
-                await turn.reply(
-                    f"error while handling this message: {type(exc).__name__}", error=str(exc)
-                )
-            outputs = turn.take_outputs()
-            if (state_entry := turn.state_entry()) is not None:
-                outputs.append(state_entry)
-            outputs.append(NewEntry.of(AckPayload(turn=inbound.seq), id=f"ack:{inbound.seq}"))
-            await self._append(outputs)
-            self.turns += 1
-        finally:
-            self._in_turn = False
+            await self.agent.message_handler(turn)
+        except Superseded:
+            raise
+        except ToolAbandoned as exc:
+            await turn.reply(
+                f"I could not confirm an earlier action: {exc}", error="tool_abandoned"
+            )
+        except Exception as exc:  # the turn still ends, or it would come back forever
+            logger.exception("turn %d failed", inbound.seq, extra={"session": self.session})
+            await turn.reply(
+                f"error while handling this message: {type(exc).__name__}", error=str(exc)
+            )
+        outputs = turn.take_outputs()
+        if (state_entry := turn.state_entry()) is not None:
+            outputs.append(state_entry)
+        outputs.append(NewEntry.of(AckPayload(turn=inbound.seq), id=f"ack:{inbound.seq}"))
+        return outputs
 
     async def _append(self, entries: Sequence[NewEntry]) -> list[int]:
         """Journal at our epoch; retried (same ids, so never doubled) while the gateway
