@@ -20,6 +20,7 @@ new owner journals the first output of its turn.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,6 +32,8 @@ from shadowpod.domain.payloads import ControlEvent, ControlPayload, EntryKind
 from shadowpod.journal.errors import EpochConflict
 from shadowpod.journal.store import JournalStore
 from shadowpod.sessions.gates import PauseTarget, SessionGate, SessionGates
+
+logger = logging.getLogger(__name__)
 
 
 class FenceTimeout(ShadowpodError):
@@ -87,6 +90,7 @@ class ExchangeFence:
                 )
                 target = gate.released_through
                 head = await self._store.head(session)
+                marked = time.monotonic()
                 acked = await self._wait_quiescent(session, head, target, timeout_s)
                 waited = time.monotonic() - started
                 if acked < target:
@@ -106,6 +110,18 @@ class ExchangeFence:
                     None
                     if held is None
                     else PauseTarget(bumped.epoch, held.seq, max(held.ts, fenced_at))
+                )
+                logger.info(
+                    "fence exchanged",
+                    extra={
+                        "session": session,
+                        "epoch": bumped.epoch,
+                        "fence_seq": bumped.fence_seq,
+                        "marker_ms": round((marked - started) * 1000, 1),
+                        "quiesce_ms": round((waited - (marked - started)) * 1000, 1),
+                        "bump_ms": round((time.monotonic() - started - waited) * 1000, 1),
+                        "released_through": target,
+                    },
                 )
                 return FenceOutcome(
                     epoch=bumped.epoch,
