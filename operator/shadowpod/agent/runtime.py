@@ -261,24 +261,15 @@ class AgentRuntime:
                 ) as channel:
                     self._channel = channel
                     failures = 0
-                    if not adopted:
-                        await self._become_owner()
-                        adopted = True
-                        logger.info(
-                            "serving as owner",
-                            extra={
-                                "session": self.session,
-                                "epoch": self.epoch,
-                                "pending": len(self.folder.peek().pending),
-                                "since_marker_ms": None
-                                if self.promotion is None
-                                else round((time.time() - self.promotion.at) * 1000, 1),
-                            },
-                        )
                     while not (self._superseded or self._stopping):
                         self._take(channel)
-                        if (inbound := self._next_inbound(self.folder.peek())) is not None:
-                            await self._turns(inbound)
+                        if not adopted:
+                            await self._become_owner()
+                            adopted = True
+                        elif (inbound := self._next_inbound(self.folder.peek())) is not None:
+                            await self._turns(
+                                TurnGroup(self.folder.peek(), self.epoch, self._append), inbound
+                            )
                         else:
                             await channel.wait(OWNER_WAIT_S)
             except ChannelClosed as exc:
@@ -314,7 +305,12 @@ class AgentRuntime:
         return inbound if inbound.seq <= self._released else None
 
     async def _become_owner(self) -> None:
-        """Adopt the session: agent-state migration, uncertain calls, the on_owner hook."""
+        """Adopt the session: agent-state migration, uncertain calls, the on_owner hook.
+
+        What adopting writes goes out with the first turns waiting (those a fence held
+        back): one append, not two, before their clients hear back. The turns see the
+        state as adopted.
+        """
         state = self.folder.peek()
         entries: list[NewEntry] = []
         for call in state.tools.uncertain():
@@ -345,8 +341,24 @@ class AgentRuntime:
                     id=f"state-migration:{self.epoch}",
                 )
             )
+        group = TurnGroup(state, self.epoch, self._append)
         if entries:
-            await self._append(entries)
+            state = group.hold(entries)
+        if (inbound := self._next_inbound(state)) is not None:
+            await self._turns(group, inbound)
+        else:
+            await group.flush()
+        logger.info(
+            "serving as owner",
+            extra={
+                "session": self.session,
+                "epoch": self.epoch,
+                "pending": len(self.folder.peek().pending),
+                "since_marker_ms": None
+                if self.promotion is None
+                else round((time.time() - self.promotion.at) * 1000, 1),
+            },
+        )
         if self.agent.owner_hook is not None:
             # Background work the agent starts as owner must not hold up the turns the
             # session has been waiting for (a migration's buffered messages).
@@ -371,10 +383,9 @@ class AgentRuntime:
         except Exception:
             logger.exception("the on_owner hook failed", extra={"session": self.session})
 
-    async def _turns(self, inbound: PendingInbound) -> None:
+    async def _turns(self, group: TurnGroup, inbound: PendingInbound) -> None:
         """Take ``inbound``'s turn, and the turns queued behind it while they are quick;
         their outputs are journaled together (see ``shadowpod.agent.turn_group``)."""
-        group = TurnGroup(self.folder.peek(), self.epoch, self._append)
         self._in_turn = True
         try:
             while True:

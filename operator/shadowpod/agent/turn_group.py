@@ -59,6 +59,12 @@ class TurnGroup:
         taken, self._buffered = [*self._buffered, *entries], []
         return await self._append(taken)
 
+    def hold(self, entries: Sequence[NewEntry]) -> SessionState:
+        """Entries written outside any turn (adopting the session), to go first; the
+        state after them, for the turns."""
+        self._buffered.extend(entries)
+        return self.fold_ahead(entries)
+
     def ended(self, outputs: Sequence[NewEntry]) -> None:
         """A turn ended with ``outputs`` (its ack last): held for the group's append."""
         self.turns += 1
