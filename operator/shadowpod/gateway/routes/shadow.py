@@ -23,11 +23,15 @@ async def get_journal(request: web.Request) -> web.Response:
     entries = await read_page(gw.store, session, after, limit, wait_s)
     head = await gw.store.head(session)
     gw.metrics.shadow_lag.observe(max(0, head - after))
-    # Encoded directly (the shape of ``JournalPage``), not through the model: a catch-up
-    # page holds thousands of entries, and validating them again cost more than
-    # reading them from the store.
-    page = {"entries": [e.to_json() for e in entries], "head": head}
-    return web.Response(body=orjson.dumps(page), content_type="application/json")
+    # Encoded by orjson straight from the entries (the shape of ``JournalPage``), not
+    # through the model or ``to_json``: a catch-up page holds thousands of entries, and
+    # re-validating them cost more than reading them. orjson writes the same UTC
+    # timestamps, except that a zero fraction of a second is left out (RFC 3339 either
+    # way; every client parses both).
+    page = {"entries": entries, "head": head}
+    return web.Response(
+        body=orjson.dumps(page, option=orjson.OPT_UTC_Z), content_type="application/json"
+    )
 
 
 @routes.get("/v1/sessions/{session}/journal/stream", name="stream_journal")
