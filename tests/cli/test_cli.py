@@ -102,6 +102,10 @@ def test_bench_migrate_prints_one_json_object_with_both_strategies() -> None:
     assert all(check["ok"] for check in summary["checks"]), summary["checks"]
     replay = summary["replay"]  # a shadow replaying from the session's oldest snapshot
     assert replay["entries"] > 0 and summary["catchup_entries_per_s"] == replay["entries_per_s"] > 0
+    # ... and again once the load has stopped, from the same snapshot, further.
+    idle = summary["replay_uncontended"]
+    assert idle["from_watermark"] == replay["from_watermark"]
+    assert idle["entries"] >= replay["entries"] and idle["entries_per_s"] > 0
     assert report["comparison"]["strategy"] == "restart"
     assert report["comparison"]["summary"]["succeeded"] == 1
     assert summary["client_pause_restart_over_shadow"] > 0

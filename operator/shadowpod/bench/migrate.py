@@ -99,9 +99,18 @@ async def measure_replay(scenario: LiveScenario, session: str, image: str) -> Re
         await dep.runtime.stop(name, grace_s=1.0)
 
 
+@dataclass(frozen=True)
+class Replays:
+    """Bulk replay measured twice: while the client load goes on (the shadow shares
+    the cores with everything that serves), and once the load has stopped."""
+
+    under_load: ReplayMeasure
+    uncontended: ReplayMeasure
+
+
 async def _series(
     config: MigrateBenchConfig, strategy: Strategy, count: int
-) -> tuple[ScenarioReport, ReplayMeasure | None]:
+) -> tuple[ScenarioReport, Replays | None]:
     workdir = Path(tempfile.mkdtemp(prefix=f"shadowpod-bench-{strategy}-", dir=config.workdir))
     try:
         policy = MigrationPolicy(max_fence_attempts=5)
@@ -115,15 +124,25 @@ async def _series(
                 moves = len(scenario.sessions[session].migrations)
                 await scenario.migrate(_target(moves), strategy=strategy, session=session)
                 await asyncio.sleep(config.gap_s)
-            replay = None
-            if strategy == "shadow":
-                replay = await measure_replay(scenario, names[0], "refagent:v2")
-            return await scenario.finish(), replay
+            if strategy != "shadow":
+                return await scenario.finish(), None
+            under_load = await measure_replay(scenario, names[0], "refagent:v2")
+            report = await scenario.finish()
+            uncontended = await measure_replay(scenario, names[0], "refagent:v2")
+            return report, Replays(under_load, uncontended)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _series_summary(report: ScenarioReport, replay: ReplayMeasure | None) -> dict[str, Any]:
+def _replay_summary(replay: ReplayMeasure) -> dict[str, Any]:
+    return {
+        "from_watermark": replay.from_watermark,
+        "entries": replay.entries,
+        "entries_per_s": round(replay.entries_per_s),
+    }
+
+
+def _series_summary(report: ScenarioReport, replays: Replays | None) -> dict[str, Any]:
     migrations = [m.summary() for m in report.migrations]
     caught = [
         (m["catchup_entries"], m["catchup_entries_per_s"])
@@ -143,16 +162,14 @@ def _series_summary(report: ScenarioReport, replay: ReplayMeasure | None) -> dic
         "duplicated": v.duplicated,
         "reordered": v.reordered,
         "succeeded": sum(m["result"] == "Succeeded" for m in migrations),
-        # The bulk replay rate (a shadow from an old snapshot); the catch-ups inside
-        # the migrations replay a few hundred entries, and their rate is mostly latency.
-        "catchup_entries_per_s": None if replay is None else round(replay.entries_per_s),
-        "replay": None
-        if replay is None
-        else {
-            "from_watermark": replay.from_watermark,
-            "entries": replay.entries,
-            "entries_per_s": round(replay.entries_per_s),
-        },
+        # The bulk replay rate (a shadow from an old snapshot) under the client load;
+        # the catch-ups inside the migrations replay a few hundred entries, and their
+        # rate is mostly latency.
+        "catchup_entries_per_s": None
+        if replays is None
+        else round(replays.under_load.entries_per_s),
+        "replay": None if replays is None else _replay_summary(replays.under_load),
+        "replay_uncontended": None if replays is None else _replay_summary(replays.uncontended),
         "migration_catchup_entries_per_s": round(entries / seconds) if seconds else None,
         "messages": {"sent": v.sent, "answered": v.replied, "by_version": v.versions},
         "latency_ms": v.latency_ms,
@@ -161,7 +178,7 @@ def _series_summary(report: ScenarioReport, replay: ReplayMeasure | None) -> dic
 
 
 async def run_migrate_bench(config: MigrateBenchConfig) -> dict[str, Any]:
-    primary, replay = await _series(config, config.strategy, config.migrations)
+    primary, replays = await _series(config, config.strategy, config.migrations)
     report: dict[str, Any] = {
         "benchmark": "migrate",
         "strategy": config.strategy,
@@ -170,12 +187,12 @@ async def run_migrate_bench(config: MigrateBenchConfig) -> dict[str, Any]:
         "rate_per_session": round(config.rate / config.sessions, 2),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "migrations": [m.summary() for m in primary.migrations],
-        "summary": _series_summary(primary, replay),
+        "summary": _series_summary(primary, replays),
     }
     if config.compare:
         other: Strategy = "restart" if config.strategy == "shadow" else "shadow"
-        compared, other_replay = await _series(config, other, config.compare)
-        other_summary = _series_summary(compared, other_replay)
+        compared, other_replays = await _series(config, other, config.compare)
+        other_summary = _series_summary(compared, other_replays)
         report["comparison"] = {
             "strategy": other,
             "migrations": [m.summary() for m in compared.migrations],
