@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,7 @@ async def test_one_failing_write_does_not_take_its_batch_down(tmp_path: Path) ->
         futures.insert(4, writer.submit("s", missing))
         outcomes = await asyncio.gather(*futures, return_exceptions=True)
     finally:
-        writer.stop()
+        await writer.stop()
     assert [type(o).__name__ if isinstance(o, Exception) else o for o in outcomes] == [
         "v0",
         "v1",
@@ -132,3 +133,40 @@ def test_store_urls() -> None:
         store_from_url("redis://localhost")
     with pytest.raises(ValueError, match="names no file"):
         store_from_url("sqlite://")
+
+
+async def test_a_write_waits_for_another_process_lock_without_stopping_the_loop(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "w.db"
+    setup = sqlite3.connect(path, isolation_level=None)
+    setup.execute("PRAGMA journal_mode=WAL")
+    setup.execute("CREATE TABLE t (v TEXT NOT NULL)")
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+
+    def insert(tx: WriteTx) -> str:
+        tx.conn.execute("INSERT INTO t (v) VALUES ('mine')")
+        return "mine"
+
+    writer = GroupCommitWriter(connect, asyncio.get_running_loop(), lambda *_: None)
+    writer.start()
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # e.g. a tool, in another process, holds the lock
+    other.execute("INSERT INTO t (v) VALUES ('theirs')")
+    release = threading.Timer(0.3, other.execute, args=("COMMIT",))
+    try:
+        written = writer.submit("s", insert)
+        release.start()
+        ticks = 0
+        while not written.done():  # the event loop keeps running while the lock is held
+            await asyncio.sleep(0.005)
+            ticks += 1
+        assert written.result() == "mine"
+        assert ticks >= 10, f"the event loop ran only {ticks} times in 0.3 s"
+    finally:
+        release.join()
+        await writer.stop()
+        other.close()
+    assert [v for (v,) in setup.execute("SELECT v FROM t ORDER BY rowid")] == ["theirs", "mine"]

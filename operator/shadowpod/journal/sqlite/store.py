@@ -91,7 +91,7 @@ class SQLiteJournalStore:
     async def close(self) -> None:
         self._hub.wake_all()
         if self._writer is not None:
-            await asyncio.to_thread(self._writer.stop)
+            await self._writer.stop()
             self._writer = None
         if self._checkpointer is not None:
             await asyncio.to_thread(self._checkpointer.stop)
