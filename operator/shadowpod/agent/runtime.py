@@ -118,6 +118,7 @@ class AgentRuntime:
         self._hook: asyncio.Task[None] | None = None
         self._superseded = False
         self._in_turn = False
+        self._adopted = False  # the session's adoption (see _become_owner) is journaled
         self._stopping = False
         self._snapshot_task: asyncio.Task[int] | None = None
         self._since_snapshot = 0
@@ -253,43 +254,64 @@ class AgentRuntime:
         applied only between turns, so a turn's view of the state never changes.
         """
         failures = 0
-        adopted = False
+        adopting = self._adopt_at_once()
+        try:
+            while not (self._superseded or self._stopping):
+                try:
+                    async with OwnerChannelClient(
+                        self.client, self.session, epoch=self.epoch, after=self.folder.watermark
+                    ) as channel:
+                        self._channel = channel
+                        failures = 0
+                        if adopting is not None:
+                            task, adopting = adopting, None
+                            await task  # its turns ran while the channel opened
+                        await self._serve(channel)
+                except ChannelClosed as exc:
+                    if exc.superseded:
+                        self._superseded = True
+                    else:
+                        failures = await self._backoff(failures, exc)
+                except Superseded:
+                    self._superseded = True
+                except GatewayError as exc:
+                    if exc.reason == "Fenced":
+                        self._superseded = True
+                    elif exc.status in (401, 404):
+                        raise
+                    else:
+                        failures = await self._backoff(failures, exc)
+                except TRANSIENT as exc:
+                    failures = await self._backoff(failures, exc)
+                finally:
+                    self._channel = None
+        finally:
+            if adopting is not None:
+                adopting.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await adopting
+
+    def _adopt_at_once(self) -> asyncio.Task[None] | None:
+        """A promoted shadow starts the turns a fence held back before its owner
+        channel is open: it already has them (they precede the epoch marker in the tail
+        it followed), and the gate released every inbound entry before the marker to
+        the new epoch. Their append goes over plain HTTP if the channel is not up yet.
+        Saves the channel's handshake and first delivery from the fence pause."""
+        if self.promotion is None:
+            return None
+        self._released = max(self._released, self.promotion.fence_seq)
+        return asyncio.create_task(self._become_owner(), name="adopt-session")
+
+    async def _serve(self, channel: OwnerChannelClient) -> None:
+        """Take turns while there is released work; otherwise wait for deliveries."""
         while not (self._superseded or self._stopping):
-            try:
-                async with OwnerChannelClient(
-                    self.client, self.session, epoch=self.epoch, after=self.folder.watermark
-                ) as channel:
-                    self._channel = channel
-                    failures = 0
-                    while not (self._superseded or self._stopping):
-                        self._take(channel)
-                        if not adopted:
-                            await self._become_owner()
-                            adopted = True
-                        elif (inbound := self._next_inbound(self.folder.peek())) is not None:
-                            await self._turns(
-                                TurnGroup(self.folder.peek(), self.epoch, self._append), inbound
-                            )
-                        else:
-                            await channel.wait(OWNER_WAIT_S)
-            except ChannelClosed as exc:
-                if exc.superseded:
-                    self._superseded = True
-                else:
-                    failures = await self._backoff(failures, exc)
-            except Superseded:
-                self._superseded = True
-            except GatewayError as exc:
-                if exc.reason == "Fenced":
-                    self._superseded = True
-                elif exc.status in (401, 404):
-                    raise
-                else:
-                    failures = await self._backoff(failures, exc)
-            except TRANSIENT as exc:
-                failures = await self._backoff(failures, exc)
-            finally:
-                self._channel = None
+            self._take(channel)
+            if not self._adopted:
+                await self._become_owner()
+            elif (inbound := self._next_inbound(self.folder.peek())) is not None:
+                await self._turns(TurnGroup(self.folder.peek(), self.epoch, self._append), inbound)
+            else:
+                await channel.wait(OWNER_WAIT_S)
 
     def _take(self, channel: OwnerChannelClient) -> None:
         for delivery in channel.take():
@@ -348,6 +370,7 @@ class AgentRuntime:
             await self._turns(group, inbound)
         else:
             await group.flush()
+        self._adopted = True
         logger.info(
             "serving as owner",
             extra={
