@@ -22,31 +22,29 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Final, Literal
 
 import aiohttp
 
+from shadowpod.agent.adoption import adoption_entries
 from shadowpod.agent.app import Agent
 from shadowpod.agent.identity import Identity
 from shadowpod.agent.processes import ProcessRegistry
+from shadowpod.agent.promotion import CatchUp, Promotion
 from shadowpod.agent.settings import AgentSettings
-from shadowpod.agent.turn import OwnerContext, ToolAbandoned, Turn
+from shadowpod.agent.snapshots import Snapshotter
+from shadowpod.agent.turn import OwnerContext, Superseded, take_turn
 from shadowpod.agent.turn_group import TurnGroup
 from shadowpod.api.models import DrainReport, ProcessReport, SnapshotOut
 from shadowpod.client.channel import ChannelClosed, OwnerChannelClient
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.domain.entries import JournalEntry, NewEntry
 from shadowpod.domain.payloads import (
-    AckPayload,
     ControlEvent,
     EntryKind,
-    StatePayload,
-    ToolResultPayload,
-    ToolStatus,
 )
 from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.schema import load_state, state_digest
+from shadowpod.domain.schema import load_state
 from shadowpod.domain.state import PendingInbound, SessionState
 
 logger = logging.getLogger(__name__)
@@ -57,41 +55,6 @@ APPEND_RETRY_S: Final = 60.0
 TRANSIENT: Final = (aiohttp.ClientError, asyncio.TimeoutError)
 
 Mode = Literal["starting", "shadow", "owner", "draining", "stopped", "failed"]
-
-
-class Superseded(Exception):
-    """This instance's epoch is no longer the session's: it must stop."""
-
-
-@dataclass(frozen=True)
-class CatchUp:
-    entries: int
-    seconds: float
-
-    @property
-    def entries_per_s(self) -> float:
-        return self.entries / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class Promotion:
-    """The moment this instance became owner, with its state as of ``fence_seq``.
-
-    The state is kept as a working copy (containers copied, frozen items shared: cheap)
-    and fingerprinted only when asked — hashing megabytes of transcript at the instant
-    of promotion would add to the fence pause every client waits through.
-    """
-
-    epoch: int
-    fence_seq: int
-    state: SessionState
-    at: float
-    _digest: str | None = None
-
-    def state_digest(self) -> str:
-        if self._digest is None:
-            self._digest = state_digest(self.state)
-        return self._digest
 
 
 class AgentRuntime:
@@ -120,9 +83,9 @@ class AgentRuntime:
         self._in_turn = False
         self._adopted = False  # the session's adoption (see _become_owner) is journaled
         self._stopping = False
-        self._snapshot_task: asyncio.Task[int] | None = None
-        self._since_snapshot = 0
-        self._last_snapshot_at = 0  # the watermark of the last periodic snapshot
+        self.snapshots = Snapshotter(
+            self.identity.session, settings.snapshot_every, self._store_snapshot
+        )
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -334,35 +297,7 @@ class AgentRuntime:
         state as adopted.
         """
         state = self.folder.peek()
-        entries: list[NewEntry] = []
-        for call in state.tools.uncertain():
-            spec = self.agent.tools.get(call.tool)
-            if spec is None or not spec.idempotent:
-                # Not repeated: the side effect may already have happened. Recorded.
-                entries.append(
-                    NewEntry.of(
-                        ToolResultPayload(
-                            call_id=call.call_id,
-                            status=ToolStatus.ABANDONED,
-                            error=f"outcome unknown after the owner changed to epoch "
-                            f"{self.epoch}; not repeated",
-                            turn=call.turn,
-                        ),
-                        id=f"tool-result:{call.call_id}",
-                    )
-                )
-        if state.agent.values and state.agent.schema_version != self.agent.state_schema:
-            migrated = self.agent.migrate_state(
-                dict(state.agent.values), state.agent.schema_version
-            )
-            entries.append(
-                NewEntry.of(
-                    StatePayload(
-                        values=migrated, replace=True, schema_version=self.agent.state_schema
-                    ),
-                    id=f"state-migration:{self.epoch}",
-                )
-            )
+        entries = adoption_entries(self.agent, state, self.epoch)
         group = TurnGroup(state, self.epoch, self._append)
         if entries:
             state = group.hold(entries)
@@ -412,7 +347,14 @@ class AgentRuntime:
         self._in_turn = True
         try:
             while True:
-                outputs = await self._turn(inbound, group)
+                outputs = await take_turn(
+                    self.agent,
+                    inbound,
+                    group,
+                    epoch=self.epoch,
+                    instance=self.identity.instance,
+                    processes=self.processes,
+                )
                 group.ended(outputs)
                 self.turns += 1
                 if not group.can_take_more():
@@ -424,44 +366,6 @@ class AgentRuntime:
             await group.flush()
         finally:
             self._in_turn = False
-
-    async def _turn(self, inbound: PendingInbound, group: TurnGroup) -> list[NewEntry]:
-        """Run the handler for ``inbound``; returns its outputs, the ack last."""
-        state = group.state
-        values = dict(state.agent.values)
-        migrated = bool(values) and state.agent.schema_version != self.agent.state_schema
-        if migrated:
-            values = self.agent.migrate_state(values, state.agent.schema_version)
-        turn = Turn(
-            agent=self.agent,
-            state=state,
-            inbound=inbound,
-            values=values,
-            epoch=self.epoch,
-            instance=self.identity.instance,
-            append=group.append,
-            processes=self.processes,
-            replaces_values=migrated,
-        )
-        assert self.agent.message_handler is not None
-        try:
-            await self.agent.message_handler(turn)
-        except Superseded:
-            raise
-        except ToolAbandoned as exc:
-            await turn.reply(
-                f"I could not confirm an earlier action: {exc}", error="tool_abandoned"
-            )
-        except Exception as exc:  # the turn still ends, or it would come back forever
-            logger.exception("turn %d failed", inbound.seq, extra={"session": self.session})
-            await turn.reply(
-                f"error while handling this message: {type(exc).__name__}", error=str(exc)
-            )
-        outputs = turn.take_outputs()
-        if (state_entry := turn.state_entry()) is not None:
-            outputs.append(state_entry)
-        outputs.append(NewEntry.of(AckPayload(turn=inbound.seq), id=f"ack:{inbound.seq}"))
-        return outputs
 
     async def _append(self, entries: Sequence[NewEntry]) -> list[int]:
         """Journal at our epoch; retried (same ids, so never doubled) while the gateway
@@ -501,7 +405,7 @@ class AgentRuntime:
     # --- applying the journal ---------------------------------------------------------
 
     def _apply(self, batch: Sequence[JournalEntry]) -> None:
-        snapshot_due = False
+        requested = False
         for entry in batch:
             self.folder.apply(entry)
             if entry.kind != EntryKind.CONTROL:
@@ -509,16 +413,11 @@ class AgentRuntime:
             event = entry.payload.get("event")
             if event == ControlEvent.EPOCH:
                 self._on_epoch(entry)
-            elif event == ControlEvent.SNAPSHOT_REQUEST and self.mode == "owner":
-                snapshot_due = True
-        self._since_snapshot += len(batch)
-        # Every ``snapshot_every`` entries, but never more often than the journal has
-        # grown since the last one: a snapshot costs as much as the state is large, so
-        # its cost per entry stays constant, and a restart replays at most half the journal.
-        every = self.settings.snapshot_every
-        due = every and self._since_snapshot >= max(every, self._last_snapshot_at)
-        if self.mode == "owner" and (snapshot_due or due):
-            self._start_snapshot()
+            elif event == ControlEvent.SNAPSHOT_REQUEST:
+                requested = True
+        self.snapshots.applied(
+            self.folder, len(batch), owner=self.mode == "owner", requested=requested
+        )
 
     def _on_epoch(self, entry: JournalEntry) -> None:
         state = self.folder.peek()
@@ -534,38 +433,17 @@ class AgentRuntime:
 
     # --- snapshots --------------------------------------------------------------------
 
-    def _start_snapshot(self) -> None:
-        if self._snapshot_task is None or self._snapshot_task.done():
-            self._since_snapshot = 0
-            self._last_snapshot_at = self.folder.watermark
-            self._snapshot_task = asyncio.create_task(self.snapshot())
-            self._snapshot_task.add_done_callback(self._snapshot_done)
-
-    def _snapshot_done(self, task: asyncio.Task[int]) -> None:
-        if not task.cancelled() and (exc := task.exception()) is not None:
-            logger.error("snapshot failed: %s", exc, extra={"session": self.session})
-
     async def snapshot(self) -> int:
         """Store a snapshot of the current state while serving; returns its watermark."""
-        started = time.monotonic()
-        view = self.folder.view()  # a private copy: serialised off the event loop
-        document = await asyncio.to_thread(view.model_dump_json)
+        return await self.snapshots.take(self.folder)
+
+    async def _store_snapshot(self, view: SessionState, document: bytes) -> None:
         await self.client.put_snapshot(
             self.session,
             watermark=view.watermark,
             schema_version=view.schema_version,
-            document_json=document.encode(),
+            document_json=document,
         )
-        logger.info(
-            "snapshot stored",
-            extra={
-                "session": self.session,
-                "watermark": view.watermark,
-                "bytes": len(document),
-                "took_ms": round((time.monotonic() - started) * 1000, 1),
-            },
-        )
-        return view.watermark
 
     # --- leaving ----------------------------------------------------------------------
 
@@ -578,10 +456,7 @@ class AgentRuntime:
             self._hook.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._hook
-        if self._snapshot_task is not None:
-            self._snapshot_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._snapshot_task
+        await self.snapshots.cancel()
         self.drained = await self.processes.drain(self.settings.drain_grace_s)
         if was_owner:
             report = DrainReport(

@@ -11,6 +11,7 @@ lost answer is absorbed by the journal instead of duplicated.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
@@ -19,6 +20,7 @@ from pydantic import JsonValue
 
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import (
+    AckPayload,
     FactOp,
     FactPayload,
     MemoryOp,
@@ -40,9 +42,16 @@ from shadowpod.domain.state import CallStatus, PendingInbound, SessionState, Tra
 if TYPE_CHECKING:
     from shadowpod.agent.app import Agent
     from shadowpod.agent.processes import ProcessRegistry
+    from shadowpod.agent.turn_group import TurnGroup
+
+logger = logging.getLogger(__name__)
 
 Append = Callable[[Sequence[NewEntry]], Awaitable[list[int]]]  # journal now, at our epoch
 _DELETED: Final = object()
+
+
+class Superseded(Exception):
+    """This instance's epoch is no longer the session's: it must stop."""
 
 
 class ToolAbandoned(Exception):
@@ -297,3 +306,48 @@ class Turn(OwnerContext):
             turn=self.seq,
         )
         return NewEntry.of(payload, id=f"t{self.seq}:state")
+
+
+async def take_turn(
+    agent: Agent,
+    inbound: PendingInbound,
+    group: TurnGroup,
+    *,
+    epoch: int,
+    instance: str,
+    processes: ProcessRegistry,
+) -> list[NewEntry]:
+    """Run the handler for ``inbound`` on the group's state; returns its outputs, the
+    ack last. A failing handler still ends its turn (with an error reply), or the
+    message would come back forever."""
+    state = group.state
+    values = dict(state.agent.values)
+    migrated = bool(values) and state.agent.schema_version != agent.state_schema
+    if migrated:
+        values = agent.migrate_state(values, state.agent.schema_version)
+    turn = Turn(
+        agent=agent,
+        state=state,
+        inbound=inbound,
+        values=values,
+        epoch=epoch,
+        instance=instance,
+        append=group.append,
+        processes=processes,
+        replaces_values=migrated,
+    )
+    assert agent.message_handler is not None
+    try:
+        await agent.message_handler(turn)
+    except Superseded:
+        raise
+    except ToolAbandoned as exc:
+        await turn.reply(f"I could not confirm an earlier action: {exc}", error="tool_abandoned")
+    except Exception as exc:  # the turn still ends, or it would come back forever
+        logger.exception("turn %d failed", inbound.seq)
+        await turn.reply(f"error while handling this message: {type(exc).__name__}", error=str(exc))
+    outputs = turn.take_outputs()
+    if (state_entry := turn.state_entry()) is not None:
+        outputs.append(state_entry)
+    outputs.append(NewEntry.of(AckPayload(turn=inbound.seq), id=f"ack:{inbound.seq}"))
+    return outputs
