@@ -17,7 +17,9 @@ by reference counting; only cyclic garbage lives longer.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import signal
 from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
 
@@ -34,7 +36,41 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on a uvloop event loop, with the collector tuned for latency."""
+class Terminated(SystemExit):
+    """SIGTERM stopped the run (after its clean-up ran); exits 143, as the signal would."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+
+def run(main: Coroutine[Any, Any, T], *, terminate_gracefully: bool = False) -> T:
+    """``asyncio.run`` on a uvloop event loop, with the collector tuned for latency.
+
+    ``terminate_gracefully``: SIGTERM cancels ``main`` as Ctrl-C does, so its clean-up
+    runs — a command that started a gateway and agent processes stops them instead of
+    leaving them orphaned — and then raises ``Terminated``. (Servers handle SIGTERM
+    themselves, to drain.)
+    """
     tune_gc()
-    return uvloop.run(main)
+    if not terminate_gracefully:
+        return uvloop.run(main)
+    terminated = False
+
+    async def until_terminated() -> T:
+        task = asyncio.current_task()
+        assert task is not None
+
+        def terminate() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, terminate)
+        return await main
+
+    try:
+        return uvloop.run(until_terminated())
+    except asyncio.CancelledError:
+        if terminated:
+            raise Terminated() from None
+        raise

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +115,45 @@ def test_bench_migrate_prints_one_json_object_with_both_strategies() -> None:
     assert report["comparison"]["summary"]["succeeded"] == 1
     assert summary["client_pause_restart_over_shadow"] > 0
     assert set(report["targets"]) >= {"fence_pause_ms_p99", "total_s_p50", "invariants"}
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        with contextlib.suppress(OSError):
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines())
+            if int(fields["PPid"]) == pid:
+                found.add(int(status.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find child processes")
+def test_sigterm_stops_the_demo_and_the_processes_it_started(tmp_path: Path) -> None:
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "shadowpod", "demo", "--json", "--rate", "50",
+         "--before", "30", "--workdir", str(tmp_path / "demo")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        started: set[int] = set()
+        while len(started) < 2 and time.monotonic() < deadline:  # the gateway and agent v1
+            time.sleep(0.2)
+            started |= _children(demo.pid)
+        assert len(started) >= 2, "the demo did not start its gateway and agent"
+        demo.send_signal(signal.SIGTERM)
+        _, stderr = demo.communicate(timeout=60)
+    finally:
+        demo.kill()
+    assert demo.returncode == 128 + signal.SIGTERM, stderr
+    assert [pid for pid in started if _alive(pid)] == []

@@ -186,7 +186,7 @@ def _run_and_report(
     """Run a benchmark; print its report; exit 2 if it cannot run, 1 on a missed target
     when asked to check."""
     try:
-        report = eventloop.run(bench_run)
+        report = eventloop.run(bench_run, terminate_gracefully=True)
     except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
         click.echo(f"error: the {what} benchmark could not run: {exc}", err=True)
         sys.exit(2)

@@ -217,9 +217,13 @@ def demo(rate: float, before_s: float, after_s: float, workdir: Path | None, as_
     work.mkdir(parents=True, exist_ok=True)
     try:
         if as_json:
-            report = eventloop.run(_run(rate, before_s, after_s, work, Progress()))
+            report = eventloop.run(
+                _run(rate, before_s, after_s, work, Progress()), terminate_gracefully=True
+            )
         else:
-            report = eventloop.run(_with_live(rate, before_s, after_s, work, console))
+            report = eventloop.run(
+                _with_live(rate, before_s, after_s, work, console), terminate_gracefully=True
+            )
     except Exception as exc:  # noqa: BLE001 — a demo that cannot run says why, briefly
         click.echo(f"error: the demo could not run: {exc} (logs in {work})", err=True)
         sys.exit(2)
