@@ -1,8 +1,16 @@
-"""Running an agent process: settings from the environment, signals, exit code."""
+"""Running an agent process: settings from the environment, signals, exit code.
+
+A *warm* process (``SHADOWPOD_WARM=1``) is started before anyone needs it: it loads
+the agent's code — most of a start's cost, the interpreter and its imports — and
+then waits for one line on stdin, a JSON object of the environment that makes it an
+instance (identity, mode, epoch, listen address). It then runs as if it had been
+started with that environment. stdin closing first means it is not needed: exit 0.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import sys
@@ -31,7 +39,35 @@ async def serve_agent(agent: Agent, settings: AgentSettings) -> int:
         await runner.cleanup()
 
 
+def activate_warm_process() -> bool:
+    """In a warm process: wait for the environment that makes it an instance and
+    apply it. Returns ``False`` when stdin closed instead (the process is not needed)."""
+    line = sys.stdin.readline()
+    if not line.strip():
+        return False
+    try:
+        env = json.loads(line)
+    except ValueError:
+        env = None
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        raise ValueError(
+            "a warm agent process (SHADOWPOD_WARM=1) expects one JSON object of strings "
+            "on stdin: the environment of the instance it becomes"
+        )
+    os.environ.update(env)
+    return True
+
+
 def run_agent(agent: Agent) -> None:
+    if os.environ.get("SHADOWPOD_WARM") == "1":
+        try:
+            if not activate_warm_process():
+                sys.exit(0)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
     logs.configure(
         os.environ.get("SHADOWPOD_LOG_LEVEL", "info"),
         os.environ.get("SHADOWPOD_LOG_FORMAT", "json"),

@@ -114,8 +114,9 @@ async def _series(
     workdir = Path(tempfile.mkdtemp(prefix=f"shadowpod-bench-{strategy}-", dir=config.workdir))
     try:
         policy = MigrationPolicy(max_fence_attempts=5)
+        # Warm spares (see shadowpod.local.runtime) for both strategies alike.
         async with LiveScenario(
-            workdir, rate=config.rate, sessions=config.sessions, policy=policy
+            workdir, rate=config.rate, sessions=config.sessions, policy=policy, warm_spares=True
         ) as scenario:
             await asyncio.sleep(config.warmup_s)
             names = list(scenario.sessions)

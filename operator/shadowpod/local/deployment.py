@@ -27,10 +27,19 @@ from shadowpod.local.runtime import LocalRuntime
 
 
 class LocalDeployment:
-    def __init__(self, workdir: Path, images: ImageMap, *, journal_url: str | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        images: ImageMap,
+        *,
+        journal_url: str | None = None,
+        warm_spares: bool = False,
+    ) -> None:
         self.workdir = workdir
         self.gateway = GatewayProcess(workdir / "gateway", journal_url=journal_url)
-        self.runtime = LocalRuntime(images, gateway_url=self.gateway.url, workdir=workdir)
+        self.runtime = LocalRuntime(
+            images, gateway_url=self.gateway.url, workdir=workdir, warm_spares=warm_spares
+        )
         self.records = FileRecordStore(workdir / "migrations")
         self.admin = GatewayClient(self.gateway.url, self.gateway.control_token)
         self.control = GatewayControl(self.admin)

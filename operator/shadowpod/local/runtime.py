@@ -3,6 +3,13 @@
 Like a pod, every instance gets its own address (the same port on a different
 loopback IP), its own identity files and its own log. The runtime implements the
 engine's ``Runtime`` port.
+
+With ``warm_spares``, the runtime keeps a pre-started agent process of the image it
+started last (see ``shadowpod.agent.main``): the next migration to that image then
+skips the interpreter start and the agent's imports, about half a second of CPU on
+the cores that serve while it runs. The spare is made when an instance stops — at
+the end of a migration, not inside the next one — so the first start of an image is
+a cold one. Both strategies use it, so the restart baseline gains as much.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import random
 import signal
@@ -22,7 +30,7 @@ import aiohttp
 
 from shadowpod.agent.identity import Identity
 from shadowpod.engine.ports import ImageInfo, InstanceSpec, InstanceStatus
-from shadowpod.local.images import ImageMap
+from shadowpod.local.images import ImageMap, LocalImage
 
 AGENT_PORT: Final = 8080
 STATUS_TIMEOUT: Final = aiohttp.ClientTimeout(total=1.0)
@@ -38,6 +46,15 @@ class LocalInstance:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{AGENT_PORT}"
+
+
+@dataclass
+class WarmSpare:
+    """A pre-started agent process of ``image``, waiting for its instance's environment."""
+
+    image: str
+    process: asyncio.subprocess.Process
+    log: Path
 
 
 def _free(host: str, port: int) -> bool:
@@ -59,6 +76,7 @@ class LocalRuntime:
         workdir: Path,
         credentials_dir: Path | None = None,
         env: dict[str, str] | None = None,
+        warm_spares: bool = False,
     ) -> None:
         self.images = images
         self.gateway_url = gateway_url
@@ -74,6 +92,12 @@ class LocalRuntime:
             f"127.{base}.{b}.{c}" for b in range(4) for c in range(2, 255)
         )
         self._http: aiohttp.ClientSession | None = None
+        self.warm_spares = warm_spares
+        self._spares: dict[str, WarmSpare] = {}
+        self._spare_names = itertools.count(1)
+        self._last_image: str | None = None  # of the last start: the next one's likely
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._making_spare = asyncio.Lock()
 
     def register_session(self, session: str, agent_token: str) -> None:
         """The agent token instances of ``session`` present (given once at creation)."""
@@ -82,9 +106,19 @@ class LocalRuntime:
     def instance(self, name: str) -> LocalInstance | None:
         return self._instances.get(name)
 
+    def spare(self, image: str) -> WarmSpare | None:
+        """The warm spare waiting to become the next instance of ``image``, if any."""
+        return self._spares.get(image)
+
     async def close(self) -> None:
+        self.warm_spares = False  # none made while stopping
+        for watcher in list(self._watchers):
+            watcher.cancel()
         for name in list(self._instances):
             await self.stop(name, grace_s=2.0)
+        for spare in list(self._spares.values()):
+            await _dismiss(spare)
+        self._spares.clear()
         if self._http is not None:
             await self._http.close()
 
@@ -113,10 +147,7 @@ class LocalRuntime:
             token=self._tokens[spec.session],
         )
         host = self._allocate_host()
-        env = {
-            **os.environ,
-            **image.env,
-            **self._env,
+        instance_env = {
             "SHADOWPOD_IDENTITY_DIR": str(home / "identity"),
             "SHADOWPOD_MODE": spec.mode,
             "SHADOWPOD_LISTEN": f"{host}:{AGENT_PORT}",
@@ -124,17 +155,29 @@ class LocalRuntime:
         }
         for key, value in (("SHADOWPOD_EPOCH", spec.epoch), ("SHADOWPOD_SNAPSHOT", spec.snapshot)):
             if value is not None:
-                env[key] = str(value)
+                instance_env[key] = str(value)
         log = home / "agent.log"
-        with log.open("ab") as sink:
-            process = await asyncio.create_subprocess_exec(
-                *image.command,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=sink,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
+        spare = self._spares.pop(spec.image, None)
+        process = None if spare is None else await _activate(spare, instance_env)
+        if spare is not None and process is not None:
+            if log.exists():  # a restarted instance: keep both logs, side by side
+                log = log.with_name(f"agent.{spare.log.stem}.log")
+            spare.log.rename(log)  # the process keeps writing to it
+        else:
+            with log.open("ab") as sink:
+                process = await asyncio.create_subprocess_exec(
+                    *image.command,
+                    env={**self._image_env(image), **instance_env},
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+        self._last_image = spec.image
+        if self.warm_spares:
+            watcher = asyncio.create_task(self._spare_after_exit(process))
+            self._watchers.add(watcher)
+            watcher.add_done_callback(self._watchers.discard)
         self._instances[spec.name] = LocalInstance(spec, host, process, log)
 
     async def status(self, name: str) -> InstanceStatus:
@@ -191,13 +234,43 @@ class LocalRuntime:
         """SIGTERM (the agent drains its background work), then after ``grace_s``
         SIGKILL for the agent and anything it left behind, as a pod deletion does."""
         instance = self._instances.get(name)
-        if instance is None or instance.process.returncode is not None:
+        if instance is not None and instance.process.returncode is None:
+            _signal(instance.process, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(instance.process.wait(), timeout=grace_s)
+            except TimeoutError:
+                await self.kill(name)
+
+    async def _spare_after_exit(self, process: asyncio.subprocess.Process) -> None:
+        # An instance exits at the end of a migration (a drained source leaves on its
+        # own): the spare's start then falls between migrations, not inside one.
+        await process.wait()
+        async with self._making_spare:
+            await self._make_spare()
+
+    async def _make_spare(self) -> None:
+        """A warm spare of the image started last, unless one is waiting already."""
+        name = self._last_image
+        if not self.warm_spares or name is None:
             return
-        _signal(instance.process, signal.SIGTERM)
-        try:
-            await asyncio.wait_for(instance.process.wait(), timeout=grace_s)
-        except TimeoutError:
-            await self.kill(name)
+        spare = self._spares.get(name)
+        if spare is None or spare.process.returncode is not None:
+            image = self.images.resolve(name)
+            log = self.workdir / "spares" / f"spare-{next(self._spare_names)}.log"
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("ab") as sink:
+                process = await asyncio.create_subprocess_exec(
+                    *image.command,
+                    env={**self._image_env(image), "SHADOWPOD_WARM": "1"},
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=sink,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self._spares[name] = WarmSpare(name, process, log)
+
+    def _image_env(self, image: LocalImage) -> dict[str, str]:
+        return {**os.environ, **image.env, **self._env}
 
     async def kill(self, name: str) -> None:
         """SIGKILL the instance and all its descendants at once: a crash (a pod's
@@ -249,6 +322,31 @@ def _descendants(root: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+async def _activate(spare: WarmSpare, env: dict[str, str]) -> asyncio.subprocess.Process | None:
+    """Hand a spare its instance's environment; ``None`` if it is gone."""
+    stdin = spare.process.stdin
+    if spare.process.returncode is not None or stdin is None:
+        return None
+    try:
+        stdin.write(json.dumps(env).encode() + b"\n")
+        await stdin.drain()
+        stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        return None
+    return spare.process
+
+
+async def _dismiss(spare: WarmSpare) -> None:
+    """A spare nobody needs: closing its stdin makes it exit; SIGKILL if it lingers."""
+    if spare.process.stdin is not None:
+        spare.process.stdin.close()
+    try:
+        await asyncio.wait_for(spare.process.wait(), timeout=5)
+    except TimeoutError:
+        _signal(spare.process, signal.SIGKILL)
+        await spare.process.wait()
 
 
 def _signal(process: asyncio.subprocess.Process, signum: int) -> None:

@@ -125,13 +125,16 @@ class LiveScenario:
         heartbeat_s: float = 1.0,
         policy: MigrationPolicy | None = None,
         on_phase: Callable[[MigrationRecord], None] | None = None,
+        warm_spares: bool = False,
     ) -> None:
         if sessions < 1:
             raise ValueError("a scenario needs at least one session")
         self.workdir = workdir
         self.rate = rate
         self.session_count = sessions
-        self.deployment = LocalDeployment(workdir, images or reference_images(heartbeat_s))
+        self.deployment = LocalDeployment(
+            workdir, images or reference_images(heartbeat_s), warm_spares=warm_spares
+        )
         self.policy = policy or MigrationPolicy()
         self.on_phase = on_phase
         self.client: GatewayClient | None = None
