@@ -28,7 +28,8 @@ from typing import Any, Final
 
 from shadowpod.engine.ports import InstanceSpec
 from shadowpod.engine.record import MigrationPolicy, Strategy
-from shadowpod.local.scenario import LiveScenario, ScenarioReport, summarise
+from shadowpod.local.checks import summarise
+from shadowpod.local.scenario import LiveScenario, ScenarioReport
 
 TARGETS_SHADOW: Final = {
     "fence_pause_ms_p99": 50.0,

@@ -26,7 +26,6 @@ from typing import Any, Final
 from shadowpod.api.models import ScheduleSpec
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry
-from shadowpod.domain.payloads import ControlEvent, EntryKind, ScheduleOp
 from shadowpod.domain.reducer import StateFolder
 from shadowpod.domain.schema import state_digest
 from shadowpod.domain.state import SessionState
@@ -38,10 +37,10 @@ from shadowpod.engine.record import (
     Phase,
     Strategy,
 )
+from shadowpod.local.checks import Check, combine, merge, session_checks
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.images import ImageMap, reference_images
 from shadowpod.local.load import ClientLoad, Verdict
-from shadowpod.stats import percentile
 
 SESSION: Final = "demo"
 NAME: Final = "Ada"
@@ -80,13 +79,6 @@ class MigrationOutcome:
             "state_at_fence_matches": self.state_matches,
             "notes": r.notes,
         }
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
 
 
 @dataclass
@@ -348,119 +340,14 @@ class LiveScenario:
         for live in self.sessions.values():
             journal = await self.journal(live.name)
             self._verify_states(live, journal)
-            for check in self._checks(live, live.load.verdict(), journal):
+            for check in session_checks(live.migrations, live.load, journal, name=NAME):
                 checks.setdefault(check.name, []).append(check)
         verdict = combine([live.load for live in self.sessions.values()])
         report = ScenarioReport(verdict=verdict, migrations=self.migrations)
-        report.checks = [_merge(name, found, len(self.sessions)) for name, found in checks.items()]
+        report.checks = [merge(name, found, len(self.sessions)) for name, found in checks.items()]
         return report
 
     def _window(self, outcome: MigrationOutcome) -> Callable[[Any], bool]:
         # Messages sent while the migration ran (and just before: they may wait on it).
         start, end = outcome.started - 0.05, outcome.ended
         return lambda sent: start <= sent.at <= end
-
-    def _checks(
-        self, live: LiveSession, verdict: Verdict, journal: list[JournalEntry]
-    ) -> list[Check]:
-        succeeded = [m for m in live.migrations if m.record.phase is Phase.SUCCEEDED]
-        upgraded = [
-            r.content for replies in live.load.replies.values() for r in replies if r.version != "1"
-        ]
-        fires = [
-            (e.payload["schedule_id"], e.payload.get("fire_no"))
-            for e in journal
-            if e.kind == EntryKind.SCHEDULE and e.payload.get("op") == ScheduleOp.FIRE
-        ]
-        drained = [
-            e
-            for e in journal
-            if e.kind == EntryKind.CONTROL and e.payload.get("event") == ControlEvent.DRAINED
-        ]
-        matches = [m.state_matches for m in succeeded if m.record.spec.strategy == "shadow"]
-        greeted = sum(f"hi {NAME}" in c for c in upgraded)
-        return [
-            Check(
-                "lost", verdict.lost == 0, f"{verdict.lost} of {verdict.sent} messages got no reply"
-            ),
-            Check(
-                "duplicated",
-                verdict.duplicated == 0,
-                f"{verdict.duplicated} messages answered more than once",
-            ),
-            Check("reordered", verdict.reordered == 0, f"{verdict.reordered} replies out of order"),
-            Check(
-                "one version per reply",
-                verdict.version_switches <= len(succeeded),
-                f"versions changed {verdict.version_switches} times over "
-                f"{len(succeeded)} migrations",
-            ),
-            Check(
-                "migrations succeeded",
-                len(succeeded) == len(live.migrations),
-                f"{len(succeeded)} of {len(live.migrations)} succeeded",
-            ),
-            Check(
-                "new versions answer with v1's memory",
-                greeted == len(upgraded) and (bool(upgraded) or not succeeded),
-                f"{greeted} of {len(upgraded)} replies after the upgrade greet the name v1 learned",
-            ),
-            Check(
-                "state at fence_seq equals the source's",
-                all(m is True for m in matches),
-                f"{sum(m is True for m in matches)} of {len(matches)} migrations matched "
-                "the journal fold",
-            ),
-            Check(
-                "schedules fired exactly once",
-                len(fires) == len(set(fires)),
-                f"{len(fires)} fires, {len(set(fires))} distinct",
-            ),
-            Check(
-                "sources drained",
-                len(drained) >= len(succeeded),
-                f"{len(drained)} drain reports for {len(succeeded)} replaced owners",
-            ),
-        ]
-
-
-def _merge(name: str, checks: list[Check], sessions: int) -> Check:
-    """One check across sessions: ok when it holds in every one."""
-    if sessions == 1:
-        return checks[0]
-    failing = [c.detail for c in checks if not c.ok]
-    detail = "; ".join(failing) if failing else f"holds in all {sessions} sessions"
-    return Check(name, not failing, detail)
-
-
-def combine(loads: list[ClientLoad]) -> Verdict:
-    """The client-side verdict over several sessions' loads."""
-    verdicts = [load.verdict() for load in loads]
-    latencies = [latency for load in loads for latency in load.latencies()]
-    versions: dict[str, int] = {}
-    for v in verdicts:
-        for version, count in v.versions.items():
-            versions[version] = versions.get(version, 0) + count
-    return Verdict(
-        sent=sum(v.sent for v in verdicts),
-        accepted=sum(v.accepted for v in verdicts),
-        replied=sum(v.replied for v in verdicts),
-        lost=sum(v.lost for v in verdicts),
-        duplicated=sum(v.duplicated for v in verdicts),
-        reordered=sum(v.reordered for v in verdicts),
-        versions=versions,
-        version_switches=sum(v.version_switches for v in verdicts),
-        latency_ms={
-            "p50": round(percentile(latencies, 50) * 1000, 2),
-            "p99": round(percentile(latencies, 99) * 1000, 2),
-            "max": round(max(latencies, default=0.0) * 1000, 2),
-        },
-        unanswered_ids=[i for v in verdicts for i in v.unanswered_ids][:20],
-    )
-
-
-def summarise(values: list[float]) -> dict[str, float | None]:
-    clean = [v for v in values if v is not None]
-    if not clean:
-        return {"p50": None, "p99": None}
-    return {"p50": round(percentile(clean, 50), 3), "p99": round(percentile(clean, 99), 3)}
