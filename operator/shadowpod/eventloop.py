@@ -18,7 +18,9 @@ by reference counting; only cyclic garbage lives longer.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
+import os
 import signal
 from collections.abc import Coroutine
 from typing import Any, Final, TypeVar
@@ -28,6 +30,29 @@ import uvloop
 T = TypeVar("T")
 
 GC_THRESHOLDS: Final = (20_000, 20, 20)
+# Set by whoever starts a Shadowpod process that must not outlive it: its pid.
+EXIT_WITH_PARENT_ENV: Final = "SHADOWPOD_EXIT_WITH_PARENT"
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def exit_with_parent() -> None:
+    """If ``SHADOWPOD_EXIT_WITH_PARENT`` names this process's parent, ask the kernel
+    for SIGTERM when that parent dies, however it dies (Linux; elsewhere nothing).
+
+    A local deployment starts its gateway and agents with it: a ``shadowpod demo``
+    killed with SIGKILL then leaves nothing running — each process gets the SIGTERM
+    it handles anyway (drain, stop background work, exit). Not passed on to children.
+    """
+    expected = os.environ.pop(EXIT_WITH_PARENT_ENV, None)
+    if not expected:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != expected:  # the parent died before we asked
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def tune_gc() -> None:

@@ -135,25 +135,47 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find child processes")
-def test_sigterm_stops_the_demo_and_the_processes_it_started(tmp_path: Path) -> None:
+def _start_demo(workdir: Path) -> tuple[subprocess.Popen[str], set[int]]:
+    """A demo that runs long enough, and the processes it started (gateway, agent v1)."""
     demo = subprocess.Popen(
         [sys.executable, "-m", "shadowpod", "demo", "--json", "--rate", "50",
-         "--before", "30", "--workdir", str(tmp_path / "demo")],
+         "--before", "30", "--workdir", str(workdir)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
+    deadline = time.monotonic() + 60
+    started: set[int] = set()
+    while len(started) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        started |= _children(demo.pid)
+    if len(started) < 2:
+        demo.kill()
+        raise AssertionError("the demo did not start its gateway and agent")
+    return demo, started
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find child processes")
+def test_sigterm_stops_the_demo_and_the_processes_it_started(tmp_path: Path) -> None:
+    demo, started = _start_demo(tmp_path / "demo")
     try:
-        deadline = time.monotonic() + 60
-        started: set[int] = set()
-        while len(started) < 2 and time.monotonic() < deadline:  # the gateway and agent v1
-            time.sleep(0.2)
-            started |= _children(demo.pid)
-        assert len(started) >= 2, "the demo did not start its gateway and agent"
         demo.send_signal(signal.SIGTERM)
         _, stderr = demo.communicate(timeout=60)
     finally:
         demo.kill()
     assert demo.returncode == 128 + signal.SIGTERM, stderr
+    assert [pid for pid in started if _alive(pid)] == []
+
+
+@pytest.mark.skipif(
+    not Path("/proc").is_dir() or sys.platform != "linux",
+    reason="needs Linux (the parent-death signal) and /proc",
+)
+def test_a_killed_demo_leaves_no_gateway_or_agent_running(tmp_path: Path) -> None:
+    demo, started = _start_demo(tmp_path / "demo")
+    demo.kill()  # SIGKILL: no clean-up of its own
+    demo.communicate(timeout=10)
+    deadline = time.monotonic() + 30
+    while [pid for pid in started if _alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert [pid for pid in started if _alive(pid)] == []

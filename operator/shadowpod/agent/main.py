@@ -61,6 +61,7 @@ def activate_warm_process() -> bool:
 
 
 def run_agent(agent: Agent) -> None:
+    eventloop.exit_with_parent()
     if os.environ.get("SHADOWPOD_WARM") == "1":
         try:
             if not activate_warm_process():

@@ -61,6 +61,7 @@ def gateway(
     log_format: str,
 ) -> None:
     """Serve sessions: clients, owners, shadows and the control API over HTTP."""
+    eventloop.exit_with_parent()
     logs.configure(log_level, log_format)
     try:
         config = GatewayConfig(

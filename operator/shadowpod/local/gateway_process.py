@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import secrets
 import signal
 import socket
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Final
 
 import aiohttp
+
+from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 
 READY_TIMEOUT_S: Final = 30.0
 
@@ -53,6 +56,7 @@ class GatewayProcess:
                 "--host", self.host,
                 "--port", str(self.port),
                 "--control-token-file", str(token_file),
+                env={**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=sink,
                 stderr=asyncio.subprocess.STDOUT,

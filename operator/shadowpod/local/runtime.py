@@ -30,6 +30,7 @@ import aiohttp
 
 from shadowpod.agent.identity import Identity
 from shadowpod.engine.ports import ImageInfo, InstanceSpec, InstanceStatus
+from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 from shadowpod.local.images import ImageMap, LocalImage
 
 AGENT_PORT: Final = 8080
@@ -270,7 +271,9 @@ class LocalRuntime:
             self._spares[name] = WarmSpare(name, process, log)
 
     def _image_env(self, image: LocalImage) -> dict[str, str]:
-        return {**os.environ, **image.env, **self._env}
+        # Agents die with the process that runs this runtime (see eventloop.exit_with_parent).
+        parent = {EXIT_WITH_PARENT_ENV: str(os.getpid())}
+        return {**os.environ, **image.env, **self._env, **parent}
 
     async def kill(self, name: str) -> None:
         """SIGKILL the instance and all its descendants at once: a crash (a pod's
