@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import orjson
 import pytest
 
-from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.entries import JournalEntry, NewEntry, entry_from_json
 from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.journal import (
     EpochConflict,
@@ -180,6 +181,39 @@ async def test_read_pages_by_after_and_limit(store: JournalStore) -> None:
     assert await store.read("s", 99, 5) == []
     with pytest.raises(ValueError, match="limit"):
         await store.read("s", 0, 0)
+
+
+async def test_read_json_is_read_encoded_from_memory_and_from_the_database(
+    store_factory: StoreFactory,
+) -> None:
+    writer = store_factory()
+    await writer.open()
+    try:
+        await writer.create_session("s")
+        await writer.append(
+            "s",
+            [
+                msg("plain"),
+                msg('ünïcode ✓ "quoted" \n newline', meta={"nested": {"list": [1, 2.5, None]}}),
+                msg("more", id="client-id-1"),
+            ],
+        )
+        from_memory = orjson.loads(await writer.read_json("s", 1, 10))
+        expected = await writer.read("s", 1, 10)
+    finally:
+        await writer.close()
+    reader = store_factory()  # another process: nothing cached, read from the database
+    await reader.open()
+    try:
+        from_database = orjson.loads(await reader.read_json("s", 1, 10))
+        assert orjson.loads(await reader.read_json("s", 3, 10)) == []
+        with pytest.raises(SessionNotFound):
+            await reader.read_json("nope", 0, 10)
+    finally:
+        await reader.close()
+    for page in (from_memory, from_database):
+        assert [entry_from_json(e) for e in page] == expected
+        assert all(e["ts"].endswith("Z") for e in page)
 
 
 async def test_follow_yields_the_backlog_then_new_entries_in_order(store: JournalStore) -> None:

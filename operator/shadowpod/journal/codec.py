@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -44,6 +44,11 @@ def entry_from_row(
 ) -> JournalEntry:
     # Rows were validated when appended; no validation here keeps replay fast.
     return JournalEntry(seq, entry_id, kind, epoch, from_us(ts_us), decode_payload(payload))
+
+
+def entries_json(entries: Sequence[JournalEntry]) -> bytes:
+    """Entries as a JSON array (orjson encodes the dataclasses field by field)."""
+    return orjson.dumps(entries, option=orjson.OPT_UTC_Z)
 
 
 def compress_document(document: Mapping[str, Any]) -> bytes:

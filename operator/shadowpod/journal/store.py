@@ -96,6 +96,12 @@ class JournalStore(Protocol):
 
     async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]: ...
 
+    async def read_json(self, session: str, after: int = 0, limit: int = 1000) -> bytes:
+        """What ``read`` returns, as a JSON array of entries (their fields, timestamps
+        in UTC with a ``Z``): for pages sent on as they are, which a store may have its
+        database encode without building an object per entry."""
+        ...
+
     def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]: ...
 
     def follow_batches(

@@ -171,6 +171,9 @@ class PostgresJournalStore:
         async with self._tx() as conn:
             return await self._ops.read(conn, session, after, limit)
 
+    async def read_json(self, session: str, after: int = 0, limit: int = 1000) -> bytes:
+        return codec.entries_json(await self.read(session, after, limit))
+
     def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]:
         if after < 0:
             raise ValueError(f"after must be 0 or a seq, got {after}")

@@ -206,6 +206,13 @@ class SQLiteJournalStore:
             return recent
         return await self._read(lambda conn: sql.read(conn, session, after, limit))
 
+    async def read_json(self, session: str, after: int = 0, limit: int = 1000) -> bytes:
+        _check_read_args(after, limit)
+        recent = self._recent.read(session, after, limit)
+        if recent is not None:
+            return codec.entries_json(recent)
+        return await self._read(lambda conn: sql.read_json(conn, session, after, limit))
+
     def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]:
         _check_read_args(after, 1)
         return follow_journal(
