@@ -1,7 +1,8 @@
 """The ExchangeFence: the cutover of a session from one owner to the next (DESIGN §4.5).
 
-1. Fence: the gate stops releasing inbound entries to the current owner. Inbound
-   keeps being journaled; the journal is the buffer.
+1. Fence: the fence is recorded and its marker journaled (one commit), then the gate
+   stops releasing inbound entries to the current owner. Inbound keeps being
+   journaled; the journal is the buffer.
 2. Wait until the owner has acked every inbound entry it was given (no turn in
    progress), or the timeout passes — then unfence: delivery to the same owner
    resumes and nothing was lost.
@@ -77,26 +78,17 @@ class ExchangeFence:
             current = await self._store.get_ownership(session)
             if current.epoch != expect_epoch:
                 raise EpochConflict(session, expected=expect_epoch, current=current)
-            fenced = await self._store.compare_and_set_ownership(
-                session, expect_epoch, current.model_copy(update={"fence": FenceState.FENCED})
-            )
+            fenced = await self._fence_and_mark(session, current, new_owner)
+            # Only now does the gate hold inbound back: the two commits above are not
+            # part of the pause of the messages it holds (they were still delivered).
             await gate.fence()
             started = time.monotonic()
             fenced_at = datetime.now(UTC)
             committed = False
-            # The marker is journaled while the owner finishes its turn, not before:
-            # every message the fence holds back waits for what happens in between.
-            marking = asyncio.ensure_future(
-                self._store.append(
-                    session,
-                    [_marker(ControlEvent.FENCE, expect_epoch, "exchange", new_owner=new_owner)],
-                )
-            )
             try:
                 target = gate.released_through
                 head = await self._store.head(session)
                 acked = await self._wait_quiescent(session, head, target, timeout_s)
-                await marking  # journaled before the bump: the journal tells the story in order
                 marked = time.monotonic()
                 waited = time.monotonic() - started
                 if acked < target:
@@ -136,10 +128,31 @@ class ExchangeFence:
                     acked=acked,
                 )
             finally:
-                with contextlib.suppress(Exception):
-                    await marking  # settled either way; a failure was already raised above
                 if not committed:
                     await self._lift(session, gate, fenced, reason="exchange-aborted")
+
+    async def _fence_and_mark(self, session: str, current: Ownership, new_owner: str) -> Ownership:
+        """Record the fence and journal its marker, together: submitted at once, they
+        share one commit of a group-committing store."""
+        epoch = current.epoch
+        marker = _marker(ControlEvent.FENCE, epoch, "exchange", new_owner=new_owner)
+        fencing = self._store.compare_and_set_ownership(
+            session, epoch, current.model_copy(update={"fence": FenceState.FENCED})
+        )
+        fenced, marked = await asyncio.gather(
+            fencing, self._store.append(session, [marker]), return_exceptions=True
+        )
+        if isinstance(fenced, BaseException):
+            if not isinstance(marked, BaseException):  # say in the journal it came to nothing
+                with contextlib.suppress(Exception):
+                    await self._store.append(
+                        session, [_marker(ControlEvent.UNFENCE, epoch, "exchange-aborted")]
+                    )
+            raise fenced
+        if isinstance(marked, BaseException):
+            await self._lift(session, await self._gates.get(session), fenced, "exchange-aborted")
+            raise marked
+        return fenced
 
     async def unfence(self, session: str, *, expect_epoch: int) -> Ownership:
         """Lift a fence left by an exchange that did not finish (e.g. its caller died)."""
