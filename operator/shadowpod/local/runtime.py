@@ -7,7 +7,7 @@ engine's ``Runtime`` port.
 With ``warm_spares``, the runtime keeps a pre-started agent process of the image it
 started last (see ``shadowpod.agent.main``): the next migration to that image then
 skips the interpreter start and the agent's imports, about half a second of CPU on
-the cores that serve while it runs. The spare is made when an instance stops — at
+the cores that serve while it runs. The spare is made when an instance exits — at
 the end of a migration, not inside the next one — so the first start of an image is
 a cold one. Both strategies use it, so the restart baseline gains as much.
 """
@@ -113,8 +113,9 @@ class LocalRuntime:
 
     async def close(self) -> None:
         self.warm_spares = False  # none made while stopping
-        for watcher in list(self._watchers):
-            watcher.cancel()
+        async with self._making_spare:  # one being started is then in _spares, to dismiss
+            for watcher in list(self._watchers):
+                watcher.cancel()
         for name in list(self._instances):
             await self.stop(name, grace_s=2.0)
         for spare in list(self._spares.values()):
