@@ -117,6 +117,20 @@ def test_bench_migrate_prints_one_json_object_with_both_strategies() -> None:
     assert set(report["targets"]) >= {"fence_pause_ms_p99", "total_s_p50", "invariants"}
 
 
+def test_bench_migrate_gives_up_with_a_clear_error_when_the_machine_cannot_keep_up() -> None:
+    # One session at 5000 msg/s: more turns a second than any owner takes, anywhere.
+    result = shadowpod(
+        "bench", "migrate", "--quick", "--json", "--rate", "5000", "--sessions", "1",
+        "--migrations", "5", "--compare", "0", "--max-backlog", "1",
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "this machine does not keep up with the load" in result.stderr
+    assert "lower --rate" in result.stderr
+    assert "Traceback" not in result.stderr and "never retrieved" not in result.stderr
+    assert result.stdout == ""
+
+
 def _children(pid: int) -> set[int]:
     found = set()
     for status in Path("/proc").glob("[0-9]*/status"):

@@ -17,11 +17,13 @@ client-visible pauses can be compared side by side.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import platform
 import shutil
 import tempfile
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -48,6 +50,9 @@ class MigrateBenchConfig:
     compare: int = 3
     warmup_s: float = 2.0
     gap_s: float = 2.0  # between migrations: each starts a process on the same 2 cores
+    # A message unanswered this long means the machine does not keep up with the rate
+    # at all: the backlog only grows, and the run would take ever longer to mean nothing.
+    max_backlog_s: float = 10.0
     workdir: Path | None = None
 
 
@@ -119,13 +124,9 @@ async def _series(
         async with LiveScenario(
             workdir, rate=config.rate, sessions=config.sessions, policy=policy, warm_spares=True
         ) as scenario:
-            await asyncio.sleep(config.warmup_s)
             names = list(scenario.sessions)
-            for index in range(count):
-                session = names[index % len(names)]
-                moves = len(scenario.sessions[session].migrations)
-                await scenario.migrate(_target(moves), strategy=strategy, session=session)
-                await asyncio.sleep(config.gap_s)
+            migrating = _migrations(scenario, config, strategy, count)
+            await _unless_overloaded(scenario, config, migrating)
             if strategy != "shadow":
                 return await scenario.finish(), None
             under_load = await measure_replay(scenario, names[0], "refagent:v2")
@@ -134,6 +135,43 @@ async def _series(
             return report, Replays(under_load, uncontended)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+async def _migrations(
+    scenario: LiveScenario, config: MigrateBenchConfig, strategy: Strategy, count: int
+) -> None:
+    await asyncio.sleep(config.warmup_s)
+    names = list(scenario.sessions)
+    for index in range(count):
+        session = names[index % len(names)]
+        moves = len(scenario.sessions[session].migrations)
+        await scenario.migrate(_target(moves), strategy=strategy, session=session)
+        await asyncio.sleep(config.gap_s)
+
+
+class Overloaded(RuntimeError):
+    """The machine does not keep up with the client load, migrations aside."""
+
+
+async def _unless_overloaded(
+    scenario: LiveScenario, config: MigrateBenchConfig, work: Coroutine[Any, Any, None]
+) -> None:
+    """Run ``work``; stop it with ``Overloaded`` once a message has waited longer than
+    ``max_backlog_s`` for its reply (checked twice a second)."""
+    working = asyncio.create_task(work)
+    while not working.done():
+        await asyncio.wait({working}, timeout=0.5)
+        waited = scenario.oldest_wait_s()
+        if not working.done() and waited > config.max_backlog_s:
+            working.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await working
+            raise Overloaded(
+                f"at {config.rate:g} msg/s a message has waited {waited:.1f}s for its reply "
+                f"(limit {config.max_backlog_s:g}s): this machine does not keep up with the "
+                "load, so no figure would mean anything; run it with a lower --rate"
+            )
+    working.result()
 
 
 def _replay_summary(replay: ReplayMeasure) -> dict[str, Any]:

@@ -115,6 +115,15 @@ def _print_journal(report: dict[str, Any]) -> None:
     is_flag=True,
     help="Short warm-up and gaps: checks that it runs, figures mean little.",
 )
+@click.option(
+    "--max-backlog",
+    "max_backlog_s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Give up (exit 2) once a message has waited this many seconds for its reply: "
+    "the machine does not keep up with --rate.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
 def migrate(
@@ -124,6 +133,7 @@ def migrate(
     strategy: str,
     compare: int,
     quick: bool,
+    max_backlog_s: float,
     as_json: bool,
     check: bool,
 ) -> None:
@@ -134,6 +144,7 @@ def migrate(
         sessions=sessions,
         strategy="restart" if strategy == "restart" else "shadow",
         compare=compare,
+        max_backlog_s=max_backlog_s,
     )
     if quick:
         config = dataclasses.replace(config, warmup_s=0.5, gap_s=0.3)

@@ -84,6 +84,7 @@ class ClientLoad:
         self.other_replies: list[Reply] = []
         self._last_seen = 0
         self._failures = 0
+        self._first_open = 0  # index in ``sent`` of the oldest message without a reply
 
     # --- sending ----------------------------------------------------------------------
 
@@ -94,20 +95,28 @@ class ClientLoad:
         due = loop.time()
         tasks: set[asyncio.Task[None]] = set()
         n = 0
-        while not stop.is_set():
-            message = Sent(n=n, id=f"{self.prefix}-{n}", at=time.monotonic())
-            self.sent.append(message)
-            task = asyncio.create_task(self._send(message))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-            n += 1
-            due += interval
-            delay = due - loop.time()
-            if delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=delay)
-        if tasks:
-            await asyncio.gather(*tasks)
+        try:
+            while not stop.is_set():
+                message = Sent(n=n, id=f"{self.prefix}-{n}", at=time.monotonic())
+                self.sent.append(message)
+                task = asyncio.create_task(self._send(message))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+                n += 1
+                due += interval
+                delay = due - loop.time()
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), timeout=delay)
+            if tasks:
+                await asyncio.gather(*tasks)
+        except asyncio.CancelledError:
+            # Abandoned (the scenario is torn down): sends in flight go with it, before
+            # the client they use is closed.
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
 
     async def _send(self, message: Sent) -> None:
         deadline = time.monotonic() + GIVE_UP_S
@@ -165,6 +174,15 @@ class ClientLoad:
                 return True
             await asyncio.sleep(0.05)
         return False
+
+    def oldest_wait_s(self) -> float:
+        """How long the oldest message still without a reply has waited (0: none)."""
+        while self._first_open < len(self.sent):
+            oldest = self.sent[self._first_open]
+            if oldest.seq is None or oldest.seq not in self.replies:
+                return time.monotonic() - oldest.at
+            self._first_open += 1
+        return 0.0
 
     # --- judging ----------------------------------------------------------------------
 

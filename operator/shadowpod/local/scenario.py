@@ -319,6 +319,10 @@ class LiveScenario:
 
     # --- finishing ----------------------------------------------------------------------
 
+    def oldest_wait_s(self) -> float:
+        """The longest any message still without a reply has waited, over all sessions."""
+        return max((live.load.oldest_wait_s() for live in self.sessions.values()), default=0.0)
+
     async def stop_load(self) -> None:
         """Stop sending; returns once every message sent has been accepted (or given up)."""
         self._stop.set()
