@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from shadowpod.domain.entries import JournalEntry, NewEntry, is_inbound
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.domain.ownership import FenceState, Ownership
-from shadowpod.domain.payloads import ControlEvent, ControlPayload, EntryKind
+from shadowpod.domain.payloads import ControlEvent, ControlPayload
 from shadowpod.journal.errors import EpochConflict
 from shadowpod.journal.store import JournalStore
 from shadowpod.sessions.gates import PauseTarget, SessionGate, SessionGates
@@ -87,8 +87,7 @@ class ExchangeFence:
             committed = False
             try:
                 target = gate.released_through
-                head = await self._store.head(session)
-                acked = await self._wait_quiescent(session, head, target, timeout_s)
+                acked = await self._wait_quiescent(session, gate, target, timeout_s)
                 marked = time.monotonic()
                 waited = time.monotonic() - started
                 if acked < target:
@@ -184,19 +183,15 @@ class ExchangeFence:
                 return entry
         return None
 
-    async def _wait_quiescent(self, session: str, head: int, target: int, timeout_s: float) -> int:
-        """The ack watermark once it reaches ``target``, or when the timeout passes."""
-        acked = max((await self._store.acks(session)).values(), default=0)
-        if acked >= target:
-            return acked
+    async def _wait_quiescent(
+        self, session: str, gate: SessionGate, target: int, timeout_s: float
+    ) -> int:
+        """The ack watermark once the owner has acked every turn it was given (the gate
+        sees each ack as it is journaled), or when the timeout passes."""
         try:
             async with asyncio.timeout(timeout_s):
-                async for batch in self._store.follow_batches(session, head):
-                    for entry in batch:
-                        if entry.kind == EntryKind.ACK and entry.epoch > 0:
-                            acked = max(acked, int(entry.payload["turn"]))
-                    if acked >= target:
-                        return acked
+                while gate.outstanding:
+                    await gate.changed()
+            return target
         except TimeoutError:
-            pass
-        return acked
+            return max((await self._store.acks(session)).values(), default=0)
