@@ -88,7 +88,7 @@ class ExchangeFence:
             try:
                 target = gate.released_through
                 acked = await self._wait_quiescent(session, gate, target, timeout_s)
-                marked = time.monotonic()
+                quiet = time.monotonic()
                 waited = time.monotonic() - started
                 if acked < target:
                     raise FenceTimeout(session, waited_s=waited, released=target, acked=acked)
@@ -114,8 +114,8 @@ class ExchangeFence:
                         "session": session,
                         "epoch": bumped.epoch,
                         "fence_seq": bumped.fence_seq,
-                        "quiesce_ms": round((marked - started) * 1000, 1),
-                        "bump_ms": round((time.monotonic() - marked) * 1000, 1),
+                        "quiesce_ms": round((quiet - started) * 1000, 1),
+                        "bump_ms": round((time.monotonic() - quiet) * 1000, 1),
                         "released_through": target,
                     },
                 )
