@@ -238,6 +238,9 @@ def read(conn: sqlite3.Connection, session: str, after: int, limit: int) -> list
 # The page as one JSON array, built by SQLite's JSON functions: no Python object per
 # entry, and the reading thread gives up the GIL for the whole page. Same fields as
 # ``JournalEntry``; the timestamp with microseconds and a "Z", as orjson writes it.
+# The rows reach the aggregate in seq order: a subquery with a LIMIT is not flattened
+# into its aggregate but runs as a co-routine, in its ORDER BY (SQLite < 3.44 has no
+# ORDER BY inside json_group_array to say so; the contract test checks the order).
 _READ_JSON: Final = """
 SELECT json_group_array(json_object(
     'seq', seq, 'id', id, 'kind', kind, 'epoch', epoch,
