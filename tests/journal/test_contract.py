@@ -198,19 +198,22 @@ async def test_read_json_is_read_encoded_from_memory_and_from_the_database(
                 msg("more", id="client-id-1"),
             ],
         )
-        from_memory = orjson.loads(await writer.read_json("s", 1, 10))
-        expected = await writer.read("s", 1, 10)
+        for batch in range(4):  # enough rows that order is the database's to keep
+            await writer.append("s", [msg(f"b{batch}-{n}") for n in range(50)])
+        from_memory = orjson.loads(await writer.read_json("s", 1, 500))
+        expected = await writer.read("s", 1, 500)
     finally:
         await writer.close()
     reader = store_factory()  # another process: nothing cached, read from the database
     await reader.open()
     try:
-        from_database = orjson.loads(await reader.read_json("s", 1, 10))
-        assert orjson.loads(await reader.read_json("s", 3, 10)) == []
+        from_database = orjson.loads(await reader.read_json("s", 1, 500))
+        assert orjson.loads(await reader.read_json("s", 203, 10)) == []
         with pytest.raises(SessionNotFound):
             await reader.read_json("nope", 0, 10)
     finally:
         await reader.close()
+    assert len(expected) == 202
     for page in (from_memory, from_database):
         assert [entry_from_json(e) for e in page] == expected
         assert all(e["ts"].endswith("Z") for e in page)
