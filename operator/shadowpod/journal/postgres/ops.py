@@ -162,6 +162,28 @@ class Statements:
             raise JournalTruncated(session, after=after, through=truncated_through)
         return [_entry(*row[1:]) for row in rows if row[1] is not None]
 
+    async def read_json(self, conn: Conn, session: str, after: int, limit: int) -> bytes:
+        """``read``'s page as one JSON array, built by the server (json_agg)."""
+        row = await (
+            await conn.execute(
+                f"SELECT s.truncated_through, ("
+                "  SELECT coalesce(json_agg(json_build_object("
+                "    'seq', seq, 'id', id, 'kind', kind, 'epoch', epoch,"
+                "    'ts', to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"
+                "    'payload', payload) ORDER BY seq), '[]')::text"
+                f"  FROM (SELECT seq, id, kind, epoch, ts, payload FROM {self.s}.entries"
+                "        WHERE sid = s.sid AND seq > %s ORDER BY seq LIMIT %s) e"
+                f") FROM {self.s}.sessions s WHERE s.name = %s",
+                (after, limit, session),
+            )
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound(session)
+        truncated_through, array = row
+        if after < truncated_through:
+            raise JournalTruncated(session, after=after, through=truncated_through)
+        return str(array).encode()
+
     # --- ownership --------------------------------------------------------------------
 
     async def get_ownership(self, conn: Conn, session: str) -> Ownership:

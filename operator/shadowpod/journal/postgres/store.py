@@ -172,7 +172,10 @@ class PostgresJournalStore:
             return await self._ops.read(conn, session, after, limit)
 
     async def read_json(self, session: str, after: int = 0, limit: int = 1000) -> bytes:
-        return codec.entries_json(await self.read(session, after, limit))
+        if after < 0 or limit < 1:
+            raise ValueError(f"after must be >= 0 and limit >= 1, got after={after} limit={limit}")
+        async with self._tx() as conn:
+            return await self._ops.read_json(conn, session, after, limit)
 
     def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]:
         if after < 0:
