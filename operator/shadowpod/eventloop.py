@@ -7,7 +7,7 @@ which is what keeps a 2-core machine serving a thousand messages a second.
 The garbage collector is tuned for latency. With CPython's defaults, a busy gateway
 runs a full collection every few seconds; it walks every live object (the recent
 journal entries it keeps for followers are tens of thousands) and stops the process
-— event loop and journal writer thread alike — for 50 to 100 ms under load, which
+— event loop and journal commits alike — for 50 to 100 ms under load, which
 was the largest part of the pause a fenced message waits. Objects alive at start-up
 (modules, routes, models) are moved out of the collector's sight (``gc.freeze``) and
 the first generation is collected every 20,000 allocations instead of 700, so full

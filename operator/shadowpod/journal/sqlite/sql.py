@@ -1,8 +1,9 @@
 """The SQLite schema and the statements of every store operation.
 
-Functions here are synchronous and run on a connection owned by one thread: writes
-on the group-commit writer thread (inside its batch transaction), reads on the reader
-threads (inside a read transaction, for a consistent view).
+Functions here are synchronous and run on one connection at a time: writes inside the
+group-commit writer's batch transaction (see ``writer.py``), reads on the reader
+threads (inside a read transaction, for a consistent view). Snapshots and retention
+are in ``snapshot_sql.py``.
 
 Write functions *check, then write*: every ``ShadowpodError`` they raise is raised
 before they change anything, because they share their transaction with the other
@@ -23,15 +24,13 @@ from shadowpod.journal import codec
 from shadowpod.journal.errors import (
     EpochConflict,
     Fenced,
-    InvalidSnapshot,
     JournalTruncated,
     SessionExists,
     SessionNotFound,
-    SnapshotNotFound,
 )
 from shadowpod.journal.ownership import epoch_marker, validate_transition
 from shadowpod.journal.sqlite.writer import WriteTx
-from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
+from shadowpod.journal.store import Appended, SessionInfo
 
 STORE_SCHEMA_VERSION: Final = 1
 
@@ -120,7 +119,7 @@ _SESSION_COLUMNS: Final = (
 )
 
 
-def _session_row(conn: sqlite3.Connection, session: str) -> sqlite3.Row:
+def session_row(conn: sqlite3.Connection, session: str) -> sqlite3.Row:
     row: sqlite3.Row | None = conn.execute(
         f"SELECT {_SESSION_COLUMNS} FROM sessions WHERE name = ?", (session,)
     ).fetchone()
@@ -159,11 +158,11 @@ def create_session(tx: WriteTx, session: str, meta: Mapping[str, str]) -> Sessio
         "INSERT INTO sessions (name, created_us, meta) VALUES (?, ?, ?)",
         (session, tx.now_us, codec.encode_payload(dict(meta))),
     )
-    return _session_info(_session_row(conn, session))
+    return _session_info(session_row(conn, session))
 
 
 def get_session(conn: sqlite3.Connection, session: str) -> SessionInfo:
-    return _session_info(_session_row(conn, session))
+    return _session_info(session_row(conn, session))
 
 
 def list_sessions(conn: sqlite3.Connection) -> list[SessionInfo]:
@@ -172,7 +171,7 @@ def list_sessions(conn: sqlite3.Connection) -> list[SessionInfo]:
 
 
 def delete_session(tx: WriteTx, session: str) -> None:
-    sid = _session_row(tx.conn, session)["sid"]
+    sid = session_row(tx.conn, session)["sid"]
     for table in ("entries", "acks", "snapshots", "sessions"):
         tx.conn.execute(f"DELETE FROM {table} WHERE sid = ?", (sid,))
 
@@ -223,7 +222,7 @@ def append(
 
 
 def read(conn: sqlite3.Connection, session: str, after: int, limit: int) -> list[JournalEntry]:
-    row = _session_row(conn, session)
+    row = session_row(conn, session)
     _check_not_truncated(session, row["truncated_through"], after)
     cursor = conn.cursor()
     cursor.row_factory = None  # plain tuples: this is the bulk path of replay
@@ -255,7 +254,7 @@ SELECT json_group_array(json_object(
 
 
 def read_json(conn: sqlite3.Connection, session: str, after: int, limit: int) -> bytes:
-    row = _session_row(conn, session)
+    row = session_row(conn, session)
     _check_not_truncated(session, row["truncated_through"], after)
     (array,) = conn.execute(_READ_JSON, (row["sid"], after, limit)).fetchone()
     return str(array).encode()
@@ -267,7 +266,7 @@ def _check_not_truncated(session: str, truncated_through: int, after: int) -> No
 
 
 def head(conn: sqlite3.Connection, session: str) -> int:
-    value: int = _session_row(conn, session)["head"]
+    value: int = session_row(conn, session)["head"]
     return value
 
 
@@ -275,14 +274,14 @@ def head(conn: sqlite3.Connection, session: str) -> int:
 
 
 def get_ownership(conn: sqlite3.Connection, session: str) -> Ownership:
-    return _ownership(_session_row(conn, session))
+    return _ownership(session_row(conn, session))
 
 
 def compare_and_set_ownership(
     tx: WriteTx, session: str, expect_epoch: int, new: Ownership
 ) -> Ownership:
     conn = tx.conn
-    row = _session_row(conn, session)
+    row = session_row(conn, session)
     current = _ownership(row)
     if current.epoch != expect_epoch:
         raise EpochConflict(session, expected=expect_epoch, current=current)
@@ -306,110 +305,10 @@ def compare_and_set_ownership(
         "ownership_us = ? WHERE sid = ?",
         (new.epoch, new.owner, new.fence.value, fence_seq, head, tx.now_us, row["sid"]),
     )
-    return _ownership(_session_row(conn, session))
+    return _ownership(session_row(conn, session))
 
 
 def acks(conn: sqlite3.Connection, session: str) -> dict[int, int]:
-    sid = _session_row(conn, session)["sid"]
+    sid = session_row(conn, session)["sid"]
     rows = conn.execute("SELECT epoch, seq FROM acks WHERE sid = ? ORDER BY epoch", (sid,))
     return dict(rows)
-
-
-# --- snapshots ----------------------------------------------------------------------------
-
-
-def put_snapshot(
-    tx: WriteTx, session: str, watermark: int, schema_version: int, blob: bytes
-) -> SnapshotInfo:
-    row = _session_row(tx.conn, session)
-    if not 0 <= watermark <= row["head"]:
-        raise InvalidSnapshot(
-            f"session {session!r}: snapshot watermark {watermark} is outside the journal "
-            f"(head is {row['head']}); a snapshot must reflect entries that exist"
-        )
-    tx.conn.execute(
-        "INSERT OR REPLACE INTO snapshots (sid, watermark, schema_version, created_us, data) "
-        "VALUES (?, ?, ?, ?, ?)",
-        (row["sid"], watermark, schema_version, tx.now_us, blob),
-    )
-    return SnapshotInfo(
-        session=session,
-        watermark=watermark,
-        schema_version=schema_version,
-        size_bytes=len(blob),
-        created=tx.now,
-    )
-
-
-_SNAPSHOT_COLUMNS: Final = "watermark, schema_version, created_us, length(data) AS size"
-
-
-def _snapshot_info(session: str, row: sqlite3.Row) -> SnapshotInfo:
-    return SnapshotInfo(
-        session=session,
-        watermark=row["watermark"],
-        schema_version=row["schema_version"],
-        size_bytes=row["size"],
-        created=codec.from_us(row["created_us"]),
-    )
-
-
-def get_snapshot(conn: sqlite3.Connection, session: str, watermark: int | None) -> Snapshot:
-    sid = _session_row(conn, session)["sid"]
-    if watermark is None:
-        row = conn.execute(
-            f"SELECT {_SNAPSHOT_COLUMNS}, data FROM snapshots WHERE sid = ? "
-            "ORDER BY watermark DESC LIMIT 1",
-            (sid,),
-        ).fetchone()
-    else:
-        row = conn.execute(
-            f"SELECT {_SNAPSHOT_COLUMNS}, data FROM snapshots WHERE sid = ? AND watermark = ?",
-            (sid, watermark),
-        ).fetchone()
-    if row is None:
-        raise SnapshotNotFound(session, watermark)
-    return Snapshot(
-        info=_snapshot_info(session, row), document=codec.decompress_document(row["data"])
-    )
-
-
-def list_snapshots(conn: sqlite3.Connection, session: str) -> list[SnapshotInfo]:
-    sid = _session_row(conn, session)["sid"]
-    rows = conn.execute(
-        f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE sid = ? ORDER BY watermark", (sid,)
-    ).fetchall()
-    return [_snapshot_info(session, row) for row in rows]
-
-
-def apply_retention(tx: WriteTx, session: str, keep_snapshots: int) -> Retention:
-    conn = tx.conn
-    if keep_snapshots < 1:
-        raise ValueError(
-            "keep_snapshots must be at least 1: the journal needs a snapshot to stand on"
-        )
-    row = _session_row(conn, session)
-    sid, truncated_through = row["sid"], row["truncated_through"]
-    watermarks = [
-        w
-        for (w,) in conn.execute(
-            "SELECT watermark FROM snapshots WHERE sid = ? ORDER BY watermark DESC", (sid,)
-        )
-    ]
-    kept, dropped = watermarks[:keep_snapshots], watermarks[keep_snapshots:]
-    if dropped:
-        conn.execute("DELETE FROM snapshots WHERE sid = ? AND watermark <= ?", (sid, dropped[0]))
-    deleted_entries = 0
-    if kept:
-        acked = conn.execute("SELECT max(seq) FROM acks WHERE sid = ?", (sid,)).fetchone()[0]
-        through = min(kept[-1], acked or 0)
-        if through > truncated_through:
-            cursor = conn.execute("DELETE FROM entries WHERE sid = ? AND seq <= ?", (sid, through))
-            deleted_entries = cursor.rowcount
-            conn.execute("UPDATE sessions SET truncated_through = ? WHERE sid = ?", (through, sid))
-            truncated_through = through
-    return Retention(
-        deleted_snapshots=len(dropped),
-        deleted_entries=deleted_entries,
-        truncated_through=truncated_through,
-    )

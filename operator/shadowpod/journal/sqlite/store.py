@@ -1,8 +1,8 @@
 """The embedded journal store: SQLite in WAL mode, one writer process, many readers.
 
-Writes go through the group-commit writer thread; reads run on a small pool of
-reader threads with their own connections (WAL lets them read while the writer
-commits). ``follow`` is served from the in-process follower hub; readers in other
+Writes go through the group-commit writer (a batch's SQL on the event loop, its
+commit on a thread); reads run on a small pool of reader threads with their own
+connections (WAL lets them read while the writer commits). ``follow`` is served from the in-process follower hub; readers in other
 processes notice commits by polling.
 """
 
@@ -23,7 +23,7 @@ from shadowpod.journal import codec
 from shadowpod.journal.errors import SnapshotNotFound
 from shadowpod.journal.followers import FollowerHub, follow_journal, follow_journal_batches
 from shadowpod.journal.recent import RecentEntries
-from shadowpod.journal.sqlite import sql
+from shadowpod.journal.sqlite import snapshot_sql, sql
 from shadowpod.journal.sqlite.checkpointer import Checkpointer
 from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
 from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
@@ -264,29 +264,30 @@ class SQLiteJournalStore:
     async def put_snapshot(
         self, session: str, *, watermark: int, schema_version: int, document: Mapping[str, Any]
     ) -> SnapshotInfo:
-        # Compressed here, on the caller's side, so a large snapshot does not hold up
-        # the writer thread (and with it every other session's appends).
+        # Compressed on a thread before it is submitted: the batch's SQL runs on the
+        # event loop, and a large snapshot would hold up every other session's appends.
         blob = await asyncio.to_thread(codec.compress_document, document)
         return await self._write(
-            session, lambda tx: sql.put_snapshot(tx, session, watermark, schema_version, blob)
+            session,
+            lambda tx: snapshot_sql.put_snapshot(tx, session, watermark, schema_version, blob),
         )
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot:
-        return await self._read(lambda conn: sql.get_snapshot(conn, session, watermark))
+        return await self._read(lambda conn: snapshot_sql.get_snapshot(conn, session, watermark))
 
     async def latest_snapshot(self, session: str) -> Snapshot | None:
         try:
-            return await self._read(lambda conn: sql.get_snapshot(conn, session, None))
+            return await self._read(lambda conn: snapshot_sql.get_snapshot(conn, session, None))
         except SnapshotNotFound:
             return None
 
     async def list_snapshots(self, session: str) -> list[SnapshotInfo]:
-        return await self._read(lambda conn: sql.list_snapshots(conn, session))
+        return await self._read(lambda conn: snapshot_sql.list_snapshots(conn, session))
 
     async def apply_retention(self, session: str, *, keep_snapshots: int) -> Retention:
         self._recent.forget(session)  # cached entries may fall below the new truncation point
         return await self._write(
-            session, lambda tx: sql.apply_retention(tx, session, keep_snapshots)
+            session, lambda tx: snapshot_sql.apply_retention(tx, session, keep_snapshots)
         )
 
 

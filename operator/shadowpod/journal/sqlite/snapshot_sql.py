@@ -1,0 +1,113 @@
+"""The SQLite statements of snapshots and retention (schema: ``sql.py``).
+
+Same rules as ``sql.py``: synchronous, one connection at a time, and write functions
+check before they write.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Final
+
+from shadowpod.journal import codec
+from shadowpod.journal.errors import InvalidSnapshot, SnapshotNotFound
+from shadowpod.journal.sqlite.sql import session_row
+from shadowpod.journal.sqlite.writer import WriteTx
+from shadowpod.journal.store import Retention, Snapshot, SnapshotInfo
+
+
+def put_snapshot(
+    tx: WriteTx, session: str, watermark: int, schema_version: int, blob: bytes
+) -> SnapshotInfo:
+    row = session_row(tx.conn, session)
+    if not 0 <= watermark <= row["head"]:
+        raise InvalidSnapshot(
+            f"session {session!r}: snapshot watermark {watermark} is outside the journal "
+            f"(head is {row['head']}); a snapshot must reflect entries that exist"
+        )
+    tx.conn.execute(
+        "INSERT OR REPLACE INTO snapshots (sid, watermark, schema_version, created_us, data) "
+        "VALUES (?, ?, ?, ?, ?)",
+        (row["sid"], watermark, schema_version, tx.now_us, blob),
+    )
+    return SnapshotInfo(
+        session=session,
+        watermark=watermark,
+        schema_version=schema_version,
+        size_bytes=len(blob),
+        created=tx.now,
+    )
+
+
+_SNAPSHOT_COLUMNS: Final = "watermark, schema_version, created_us, length(data) AS size"
+
+
+def _snapshot_info(session: str, row: sqlite3.Row) -> SnapshotInfo:
+    return SnapshotInfo(
+        session=session,
+        watermark=row["watermark"],
+        schema_version=row["schema_version"],
+        size_bytes=row["size"],
+        created=codec.from_us(row["created_us"]),
+    )
+
+
+def get_snapshot(conn: sqlite3.Connection, session: str, watermark: int | None) -> Snapshot:
+    sid = session_row(conn, session)["sid"]
+    if watermark is None:
+        row = conn.execute(
+            f"SELECT {_SNAPSHOT_COLUMNS}, data FROM snapshots WHERE sid = ? "
+            "ORDER BY watermark DESC LIMIT 1",
+            (sid,),
+        ).fetchone()
+    else:
+        row = conn.execute(
+            f"SELECT {_SNAPSHOT_COLUMNS}, data FROM snapshots WHERE sid = ? AND watermark = ?",
+            (sid, watermark),
+        ).fetchone()
+    if row is None:
+        raise SnapshotNotFound(session, watermark)
+    return Snapshot(
+        info=_snapshot_info(session, row), document=codec.decompress_document(row["data"])
+    )
+
+
+def list_snapshots(conn: sqlite3.Connection, session: str) -> list[SnapshotInfo]:
+    sid = session_row(conn, session)["sid"]
+    rows = conn.execute(
+        f"SELECT {_SNAPSHOT_COLUMNS} FROM snapshots WHERE sid = ? ORDER BY watermark", (sid,)
+    ).fetchall()
+    return [_snapshot_info(session, row) for row in rows]
+
+
+def apply_retention(tx: WriteTx, session: str, keep_snapshots: int) -> Retention:
+    conn = tx.conn
+    if keep_snapshots < 1:
+        raise ValueError(
+            "keep_snapshots must be at least 1: the journal needs a snapshot to stand on"
+        )
+    row = session_row(conn, session)
+    sid, truncated_through = row["sid"], row["truncated_through"]
+    watermarks = [
+        w
+        for (w,) in conn.execute(
+            "SELECT watermark FROM snapshots WHERE sid = ? ORDER BY watermark DESC", (sid,)
+        )
+    ]
+    kept, dropped = watermarks[:keep_snapshots], watermarks[keep_snapshots:]
+    if dropped:
+        conn.execute("DELETE FROM snapshots WHERE sid = ? AND watermark <= ?", (sid, dropped[0]))
+    deleted_entries = 0
+    if kept:
+        acked = conn.execute("SELECT max(seq) FROM acks WHERE sid = ?", (sid,)).fetchone()[0]
+        through = min(kept[-1], acked or 0)
+        if through > truncated_through:
+            cursor = conn.execute("DELETE FROM entries WHERE sid = ? AND seq <= ?", (sid, through))
+            deleted_entries = cursor.rowcount
+            conn.execute("UPDATE sessions SET truncated_through = ? WHERE sid = ?", (through, sid))
+            truncated_through = through
+    return Retention(
+        deleted_snapshots=len(dropped),
+        deleted_entries=deleted_entries,
+        truncated_through=truncated_through,
+    )
