@@ -2,8 +2,8 @@
 
 Writes go through the group-commit writer (a batch's SQL on the event loop, its
 commit on a thread); reads run on a small pool of reader threads with their own
-connections (WAL lets them read while the writer commits). ``follow`` is served from the in-process follower hub; readers in other
-processes notice commits by polling.
+connections (WAL lets them read while the writer commits). ``follow`` is served from
+the in-process follower hub; readers in other processes notice commits by polling.
 """
 
 from __future__ import annotations
