@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from shadowpod.domain.errors import SchemaTooNew, StateDocumentInvalid
 from shadowpod.domain.schema import MIGRATIONS, dump_state, load_state, migrate_document
@@ -93,3 +94,24 @@ def test_a_document_without_a_valid_version_is_not_a_state(version: object) -> N
 def test_a_gap_in_the_registry_is_reported() -> None:
     with pytest.raises(StateDocumentInvalid, match="no migration registered from state schema v1"):
         migrate_document(_v1(), migrations={2: MIGRATIONS[2]})
+
+
+@pytest.mark.parametrize(
+    ("surface", "item", "where"),
+    [
+        ("transcript", {"seq": 1, "role": "user", "content": "hi", "colour": "red"}, "colour"),
+        ("transcript", {"seq": "one", "role": "user", "content": "hi"}, "seq"),
+        ("schedules", {"schedule_id": "s", "every_s": 60, "set_seq": 1}, "anchor"),
+        ("processes", {"name": "p", "status": "sleeping"}, "status"),
+    ],
+)
+def test_a_stored_item_is_checked_field_by_field(
+    surface: str, item: dict[str, Any], where: str
+) -> None:
+    # Items are built unchecked by the reducer (from payloads it validated); a document
+    # from storage must still be checked item by item, unknown fields refused.
+    doc = dump_state(SessionState())
+    doc[surface] = [item] if surface == "transcript" else {"k": item}
+    with pytest.raises(ValidationError) as caught:
+        load_state(doc)
+    assert caught.value.errors()[0]["loc"][-1] == where

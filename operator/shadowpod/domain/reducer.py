@@ -17,6 +17,7 @@ in place, so replaying *n* entries costs O(n), not O(n²).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Final
 
 from pydantic import ValidationError
@@ -100,31 +101,40 @@ class StateFolder:
         return state
 
     def apply_all(self, entries: Iterable[JournalEntry]) -> None:
-        for entry in entries:
-            self.apply(entry)
+        # The watermark is kept in a local and stored once per batch: assigning a field
+        # of a pydantic model costs more than folding a small entry does.
+        state = self._state
+        watermark = state.watermark
+        try:
+            for entry in entries:
+                if entry.seq > watermark:
+                    _fold_one(state, entry)
+                    watermark = entry.seq
+        finally:
+            state.watermark = watermark
 
     def apply(self, entry: JournalEntry) -> None:
-        state = self._state
-        if entry.seq <= state.watermark:
-            return
-        handler = _HANDLERS.get(entry.kind)
-        if handler is None:
-            _keep_as_extension(state, entry, error=None)
-        else:
-            try:
-                payload = handler.model.model_validate(entry.payload)
-            except ValidationError as exc:
-                _keep_as_extension(state, entry, error=_short(exc))
-            else:
-                handler.fn(state, entry, payload)
-        state.watermark = entry.seq
+        self.apply_all((entry,))
+
+
+def _fold_one(state: SessionState, entry: JournalEntry) -> None:
+    handler = _HANDLERS.get(entry.kind)
+    if handler is None:
+        _keep_as_extension(state, entry, error=None)
+        return
+    try:
+        payload = handler.validate(entry.payload)
+    except ValidationError as exc:
+        _keep_as_extension(state, entry, error=_short(exc))
+    else:
+        handler.fn(state, entry, payload)
 
 
 # --- handlers ---------------------------------------------------------------------------
 
 
 class _Handler:
-    __slots__ = ("fn", "model")
+    __slots__ = ("fn", "model", "validate")
 
     def __init__(
         self,
@@ -133,6 +143,8 @@ class _Handler:
     ) -> None:
         self.model = model
         self.fn = fn
+        # The model's validator itself: ``model_validate`` adds a Python call per entry.
+        self.validate: Callable[[object], Payload] = model.__pydantic_validator__.validate_python
 
 
 def _start_turn(state: SessionState, turn: int | None) -> None:
@@ -140,7 +152,7 @@ def _start_turn(state: SessionState, turn: int | None) -> None:
         return
     inbound = state.pending.get(turn)
     if inbound is not None and not inbound.started:
-        state.pending[turn] = inbound.model_copy(update={"started": True})
+        state.pending[turn] = replace(inbound, started=True)
         state.transcript.append(
             TranscriptMessage(
                 seq=inbound.seq,
@@ -199,13 +211,12 @@ def _tool_result(state: SessionState, entry: JournalEntry, payload: Payload) -> 
     known = state.tools.calls.get(payload.call_id) or ToolCall(
         call_id=payload.call_id, tool="", turn=payload.turn
     )
-    state.tools.calls[payload.call_id] = known.model_copy(
-        update={
-            "status": CallStatus(payload.status.value),
-            "result": payload.result,
-            "error": payload.error,
-            "result_seq": entry.seq,
-        }
+    state.tools.calls[payload.call_id] = replace(
+        known,
+        status=CallStatus(payload.status.value),
+        result=payload.result,
+        error=payload.error,
+        result_seq=entry.seq,
     )
 
 
@@ -243,8 +254,8 @@ def _schedule(state: SessionState, entry: JournalEntry, payload: Payload) -> Non
             )
         known = state.schedules.get(payload.schedule_id)
         if known is not None and payload.fire_no is not None and payload.fire_no > known.fired:
-            state.schedules[payload.schedule_id] = known.model_copy(
-                update={"fired": payload.fire_no, "last_fire_seq": entry.seq}
+            state.schedules[payload.schedule_id] = replace(
+                known, fired=payload.fire_no, last_fire_seq=entry.seq
             )
         return
     _start_turn(state, payload.turn)
@@ -273,12 +284,11 @@ def _process(state: SessionState, entry: JournalEntry, payload: Payload) -> None
         # The end of another process of that name (a previous owner's, reported as it
         # drained): the one on record, started since, is not affected.
         return
-    state.processes[payload.name] = known.model_copy(
-        update={
-            "status": ProcessStatus(payload.op.value),
-            "exit_code": payload.exit_code,
-            "ended_seq": entry.seq,
-        }
+    state.processes[payload.name] = replace(
+        known,
+        status=ProcessStatus(payload.op.value),
+        exit_code=payload.exit_code,
+        ended_seq=entry.seq,
     )
 
 
@@ -299,7 +309,8 @@ def _state(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
         state.agent.values = dict(payload.values)
     else:
         state.agent.values.update(payload.values)
-    state.agent.schema_version = payload.schema_version
+    if state.agent.schema_version != payload.schema_version:
+        state.agent.schema_version = payload.schema_version
 
 
 def _ack(state: SessionState, entry: JournalEntry, payload: Payload) -> None:

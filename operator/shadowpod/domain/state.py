@@ -3,40 +3,58 @@
 State is a pure fold of the journal (see ``shadowpod.domain.reducer``). Items inside
 the surfaces are frozen; the containers are owned by whoever folds, which is what
 lets a fold run in place without a copy per entry.
+
+Items are plain frozen dataclasses, not pydantic models: a shadow catching up builds
+several per turn, tens of thousands a second, and the reducer builds them only from
+payloads it has already validated. Validation stays at the edges: a state loaded from
+a document (``SessionState.model_validate``) checks every item field, and forbids
+unknown ones, as before. JSON values inside items (``Json``) are not walked again: a
+document is JSON when it is parsed, and a payload's values were checked as the
+payload was.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Final
+from typing import Any, Final, TypeAlias
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, SkipValidation
 
 from shadowpod.domain.payloads import ProcessOp, Role, ToolStatus
 
 CURRENT_SCHEMA_VERSION: Final = 3
 
+Json: TypeAlias = SkipValidation[JsonValue]
+_ITEM_CONFIG: Final = ConfigDict(extra="forbid")
 
-class _Item(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+
+def _json_object() -> dict[str, Any]:
+    return {}
 
 
-class TranscriptMessage(_Item):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TranscriptMessage:
+    __pydantic_config__ = _ITEM_CONFIG
+
     seq: int
     role: Role
     content: str
     turn: int | None = None
     epoch: int = 0
-    meta: dict[str, JsonValue] = Field(default_factory=dict)
+    meta: dict[str, Json] = field(default_factory=_json_object)
 
 
-class PendingInbound(_Item):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingInbound:
     """An inbound entry not yet acked: the owner (or the next one) must process it.
 
     ``started`` means its turn began (it is in the transcript) but did not finish —
     a new owner redoes such a turn, consulting the tool ledger for what already ran.
     """
+
+    __pydantic_config__ = _ITEM_CONFIG
 
     seq: int
     id: str
@@ -44,7 +62,7 @@ class PendingInbound(_Item):
     role: Role = Role.USER
     content: str = ""
     schedule_id: str | None = None
-    meta: dict[str, JsonValue] = Field(default_factory=dict)
+    meta: dict[str, Json] = field(default_factory=_json_object)
     started: bool = False
 
 
@@ -55,15 +73,17 @@ class CallStatus(StrEnum):
     ABANDONED = ToolStatus.ABANDONED.value
 
 
-class ToolCall(_Item):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCall:
+    __pydantic_config__ = _ITEM_CONFIG
     call_id: str
     tool: str
-    args: dict[str, JsonValue] = Field(default_factory=dict)
+    args: dict[str, Json] = field(default_factory=_json_object)
     idempotent: bool = False
     turn: int | None = None
     intent_seq: int | None = None
     status: CallStatus = CallStatus.PENDING
-    result: JsonValue = None
+    result: Json = None
     error: str | None = None
     result_seq: int | None = None
 
@@ -85,7 +105,9 @@ class ToolLedger(BaseModel):
         return self.declared.get(tool, False)
 
 
-class Schedule(_Item):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    __pydantic_config__ = _ITEM_CONFIG
     schedule_id: str
     every_s: float
     content: str = ""
@@ -95,8 +117,11 @@ class Schedule(_Item):
     last_fire_seq: int | None = None
 
 
-class CredentialBinding(_Item):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CredentialBinding:
     """A credential the session needs, by name. Values never enter the state."""
+
+    __pydantic_config__ = _ITEM_CONFIG
 
     name: str
     secret_ref: str | None = None
@@ -109,9 +134,11 @@ class ProcessStatus(StrEnum):
     KILLED = ProcessOp.KILLED.value
 
 
-class ProcessRecord(_Item):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProcessRecord:
+    __pydantic_config__ = _ITEM_CONFIG
     name: str
-    command: list[str] = Field(default_factory=list)
+    command: list[str] = field(default_factory=list)
     pid: int | None = None
     status: ProcessStatus = ProcessStatus.RUNNING
     exit_code: int | None = None
@@ -119,7 +146,9 @@ class ProcessRecord(_Item):
     ended_seq: int | None = None
 
 
-class Fact(_Item):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Fact:
+    __pydantic_config__ = _ITEM_CONFIG
     fact_id: str
     text: str
     seq: int
@@ -134,13 +163,16 @@ class AgentState(BaseModel):
     schema_version: int = 1
 
 
-class ExtensionEntry(_Item):
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExtensionEntry:
     """An entry of a kind this code does not know (or cannot parse): kept, never dropped."""
+
+    __pydantic_config__ = _ITEM_CONFIG
 
     seq: int
     kind: str
     epoch: int
-    payload: dict[str, JsonValue] = Field(default_factory=dict)
+    payload: dict[str, Json] = field(default_factory=_json_object)
     error: str | None = None
 
 
