@@ -4,7 +4,9 @@ One is due every ``every`` entries, but never more often than the journal has gr
 since the last one: a snapshot costs as much as the state is large, so its cost per
 entry stays constant, and a restart replays at most half the journal. A
 ``snapshot-request`` marker in the journal asks for one at once. At most one is in
-progress; the state is copied on the event loop and serialised off it.
+progress; the state is copied on the event loop and serialised off it. A request that
+arrives while one is in progress is not dropped: that one holds an older watermark
+than the requester waits for, so another follows as soon as it ends.
 """
 
 from __future__ import annotations
@@ -31,17 +33,23 @@ class Snapshotter:
         self._task: asyncio.Task[int] | None = None
         self._since = 0  # entries applied since the last periodic snapshot
         self._last_at = 0  # the watermark of the last periodic snapshot
+        self._requested = False  # a request not yet served by a snapshot started after it
 
     def applied(self, folder: StateFolder, count: int, *, owner: bool, requested: bool) -> None:
         """``count`` more entries were applied to ``folder``; start a snapshot if one is
         due (only an owner stores snapshots)."""
         self._since += count
+        self._requested = owner and (self._requested or requested)
         due = self._every and self._since >= max(self._every, self._last_at)
-        if owner and (requested or due) and (self._task is None or self._task.done()):
-            self._since = 0
-            self._last_at = folder.watermark
-            self._task = asyncio.create_task(self.take(folder))
-            self._task.add_done_callback(self._done)
+        if owner and (self._requested or due) and (self._task is None or self._task.done()):
+            self._start(folder)
+
+    def _start(self, folder: StateFolder) -> None:
+        serves_request, self._requested = self._requested, False
+        self._since = 0
+        self._last_at = folder.watermark
+        self._task = asyncio.create_task(self.take(folder))
+        self._task.add_done_callback(lambda task: self._done(task, folder, serves_request))
 
     async def take(self, folder: StateFolder) -> int:
         """Store a snapshot of the folder's current state; returns its watermark."""
@@ -61,11 +69,19 @@ class Snapshotter:
         return view.watermark
 
     async def cancel(self) -> None:
+        self._requested = False
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
 
-    def _done(self, task: asyncio.Task[int]) -> None:
-        if not task.cancelled() and (exc := task.exception()) is not None:
+    def _done(self, task: asyncio.Task[int], folder: StateFolder, serves_request: bool) -> None:
+        if task.cancelled():
+            return
+        if (exc := task.exception()) is not None:
             logger.error("snapshot failed: %s", exc, extra={"session": self._session})
+            # A request stays owed; it is tried again with the next entries applied
+            # rather than at once, so a gateway that keeps refusing is not hammered.
+            self._requested = self._requested or serves_request
+        elif self._requested:
+            self._start(folder)  # a request came in while this one ran
