@@ -198,6 +198,8 @@ def _series_summary(report: ScenarioReport, replays: Replays | None) -> dict[str
             [m["fence_pause_ms"] for m in migrations if m["fence_pause_ms"] is not None]
         ),
         "client_max_latency_ms": summarise([m["client_max_latency_ms"] for m in migrations]),
+        # The same measure with no migration running: the load's own jitter.
+        "client_max_latency_quiet_ms": summarise(report.quiet_max_latency_ms),
         "lost": v.lost,
         "duplicated": v.duplicated,
         "reordered": v.reordered,

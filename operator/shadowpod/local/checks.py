@@ -130,3 +130,40 @@ def summarise(values: list[float]) -> dict[str, float | None]:
     if not clean:
         return {"p50": None, "p99": None}
     return {"p50": round(percentile(clean, 50), 3), "p99": round(percentile(clean, 99), 3)}
+
+
+def quiet_latency_maxima(
+    loads: Sequence[ClientLoad],
+    busy: Sequence[tuple[float, float]],
+    length_s: float,
+    *,
+    settle_s: float = 1.0,
+) -> list[float]:
+    """Each session's worst reply latency (seconds) in windows of ``length_s`` that
+    overlap no ``busy`` interval (the migrations, of any session), nor the ``settle_s``
+    after one — an old process exits and a warm spare starts then. Windows lie between
+    the first busy interval and the end of the last one.
+
+    This is the load's own jitter: a migration's worst latency set against it tells
+    what the migration added, where the raw figure also holds whatever the two cores
+    were doing anyway.
+    """
+    if not busy or length_s <= 0:
+        return []
+    blocked = sorted((start, end + settle_s) for start, end in busy)
+    span_start, span_end = blocked[0][0], max(end for _, end in busy)
+    maxima = []
+    for load in loads:
+        answered = load.answered()
+        at = span_start
+        while at + length_s <= span_end:
+            end = at + length_s
+            clash = next((b for b in blocked if b[0] < end and at < b[1]), None)
+            if clash is not None:
+                at = clash[1]
+                continue
+            inside = [latency for sent, latency in answered if at <= sent < end]
+            if inside:
+                maxima.append(max(inside))
+            at = end
+    return maxima

@@ -186,6 +186,14 @@ class ClientLoad:
 
     # --- judging ----------------------------------------------------------------------
 
+    def answered(self) -> list[tuple[float, float]]:
+        """(sent at, seconds to the first reply) for every answered message, in order."""
+        return [
+            (s.at, self.replies[s.seq][0].at - s.at)
+            for s in self.sent
+            if s.seq is not None and s.seq in self.replies
+        ]
+
     def latencies(self, window: Callable[[Sent], bool] | None = None) -> list[float]:
         """Seconds from sending to the first reply, for answered messages in ``window``."""
         return [

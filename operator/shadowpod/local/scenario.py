@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from shadowpod.engine.record import (
     Phase,
     Strategy,
 )
-from shadowpod.local.checks import Check, combine, merge, session_checks
+from shadowpod.local.checks import Check, combine, merge, quiet_latency_maxima, session_checks
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.images import ImageMap, reference_images
 from shadowpod.local.load import ClientLoad, Verdict
@@ -45,6 +46,8 @@ from shadowpod.local.load import ClientLoad, Verdict
 SESSION: Final = "demo"
 NAME: Final = "Ada"
 CREDENTIAL: Final = "weather-api"
+# A migration's window opens a little before it: messages sent just before may wait on it.
+WINDOW_LEAD_S: Final = 0.05
 
 
 @dataclass
@@ -86,6 +89,9 @@ class ScenarioReport:
     verdict: Verdict
     migrations: list[MigrationOutcome]
     checks: list[Check] = field(default_factory=list)
+    # Worst client latency per session in windows as long as a migration's with no
+    # migration running (see ``quiet_latency_maxima``), in ms.
+    quiet_max_latency_ms: list[float] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -349,9 +355,20 @@ class LiveScenario:
         verdict = combine([live.load for live in self.sessions.values()])
         report = ScenarioReport(verdict=verdict, migrations=self.migrations)
         report.checks = [merge(name, found, len(self.sessions)) for name, found in checks.items()]
+        report.quiet_max_latency_ms = self._quiet_maxima_ms()
         return report
 
     def _window(self, outcome: MigrationOutcome) -> Callable[[Any], bool]:
         # Messages sent while the migration ran (and just before: they may wait on it).
-        start, end = outcome.started - 0.05, outcome.ended
+        start, end = outcome.started - WINDOW_LEAD_S, outcome.ended
         return lambda sent: start <= sent.at <= end
+
+    def _quiet_maxima_ms(self) -> list[float]:
+        """The same measure as a migration's client max latency, in windows of the
+        same (median) length with no migration running."""
+        if not self.migrations:
+            return []
+        busy = [(m.started - WINDOW_LEAD_S, m.ended) for m in self.migrations]
+        length = statistics.median(end - start for start, end in busy)
+        loads = [live.load for live in self.sessions.values()]
+        return [s * 1000 for s in quiet_latency_maxima(loads, busy, length)]

@@ -1,0 +1,43 @@
+"""How the migration benchmark sets a migration's worst client latency against the
+load's own jitter (windows of the same length with no migration running)."""
+
+from __future__ import annotations
+
+import pytest
+
+from shadowpod.client.gateway import GatewayClient
+from shadowpod.local.checks import quiet_latency_maxima
+from shadowpod.local.load import ClientLoad, Reply, Sent
+
+
+def _load(latency_at: dict[float, float]) -> ClientLoad:
+    """A session's load whose message sent at ``t`` was answered ``latency`` later."""
+    load = ClientLoad(GatewayClient("http://127.0.0.1:9"), "s", rate=10)
+    for n, (at, latency) in enumerate(sorted(latency_at.items()), start=1):
+        load.sent.append(Sent(n=n, id=f"m{n}", at=at, seq=n))
+        load.replies[n] = [Reply(turn=n, seq=n + 1000, content="ok", version="1", at=at + latency)]
+    return load
+
+
+def test_windows_skip_migrations_and_the_settling_after_them() -> None:
+    # One message every 0.1 s from t=0 to t=9.9, 10 ms each, except a slow one inside
+    # each migration (t=1.2, t=6.2) and one in the settling second after the first (2.4).
+    latencies = {round(i * 0.1, 1): 0.010 for i in range(100)}
+    latencies |= {1.2: 0.500, 6.2: 0.400, 2.4: 0.300, 4.3: 0.050}
+    busy = [(1.0, 1.5), (6.0, 6.5)]
+
+    maxima = quiet_latency_maxima([_load(latencies)], busy, length_s=0.5, settle_s=1.0)
+
+    # Quiet span: 2.5 to 6.0 (after the first migration has settled, before the second).
+    assert sorted(maxima) == pytest.approx([0.010] * 6 + [0.050])  # 4.3 was slow anyway
+
+
+def test_no_migration_no_quiet_windows() -> None:
+    assert quiet_latency_maxima([_load({0.0: 0.01})], [], length_s=0.5) == []
+
+
+def test_every_session_gives_its_own_windows() -> None:
+    calm = _load({round(i * 0.1, 1): 0.010 for i in range(60)})
+    jittery = _load({round(i * 0.1, 1): 0.020 for i in range(60)})
+    maxima = quiet_latency_maxima([calm, jittery], [(0.0, 0.5), (5.0, 5.5)], 1.0)
+    assert sorted(maxima) == pytest.approx([0.010] * 3 + [0.020] * 3)
