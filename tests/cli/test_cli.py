@@ -112,6 +112,9 @@ def test_bench_migrate_prints_one_json_object_with_both_strategies() -> None:
     assert all(check["ok"] for check in summary["checks"]), summary["checks"]
     replay = summary["replay"]  # a shadow replaying from the session's oldest snapshot
     assert replay["entries"] > 0 and summary["catchup_entries_per_s"] == replay["entries_per_s"] > 0
+    # ... three times (it varies run to run): the figure is the median round.
+    assert len(replay["rounds_entries_per_s"]) == 3
+    assert replay["entries_per_s"] == sorted(replay["rounds_entries_per_s"])[1]
     # ... and again once the load has stopped, from the same snapshot, further.
     idle = summary["replay_uncontended"]
     assert idle["from_watermark"] == replay["from_watermark"]
