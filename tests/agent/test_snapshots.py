@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from shadowpod.agent.snapshots import Snapshotter
 from shadowpod.domain.reducer import StateFolder
 from shadowpod.domain.state import SessionState
@@ -61,36 +63,32 @@ async def _no_more(snapshots: Snapshotter) -> None:
     await snapshots.cancel()
 
 
-async def test_a_request_during_a_periodic_snapshot_gets_a_snapshot_of_its_own() -> None:
+@pytest.mark.parametrize(
+    ("every", "first", "during", "stored"),
+    [
+        # A periodic snapshot falls due at seq 3; while it is stored, the engine asks
+        # for one at seq 5 or later: that one is taken once the first is stored.
+        pytest.param(3, (3, False), [(2, True)], [3, 5], id="request-during-periodic"),
+        # Three requests while a requested one is stored: one more serves them all.
+        pytest.param(0, (1, True), [(1, True)] * 3, [1, 4], id="requests-during-request"),
+    ],
+)
+async def test_a_request_while_a_snapshot_is_stored_gets_one_taken_after_it(
+    every: int, first: tuple[int, bool], during: list[tuple[int, bool]], stored: list[int]
+) -> None:
     store = Store(hold_first=True)
-    snapshots = Snapshotter("s", every=3, store=store)
+    snapshots = Snapshotter("s", every=every, store=store)
     owner = Owner(snapshots)
 
-    owner.apply(3)  # a periodic snapshot falls due at seq 3
+    owner.apply(first[0], requested=first[1])
     await store.first_started.wait()
-    # The engine asks for a snapshot at seq 5 or later while that one is stored.
-    owner.apply(2, requested=True)
+    for count, requested in during:
+        owner.apply(count, requested=requested)
     store.release_first.set()
 
-    await store.wait_for(2)
+    await store.wait_for(len(stored))
     await _no_more(snapshots)
-    assert store.stored == [3, 5]
-
-
-async def test_requests_while_one_runs_are_served_by_one_more_snapshot() -> None:
-    store = Store(hold_first=True)
-    snapshots = Snapshotter("s", every=0, store=store)
-    owner = Owner(snapshots)
-
-    owner.apply(1, requested=True)
-    await store.first_started.wait()
-    for _ in range(3):
-        owner.apply(1, requested=True)
-    store.release_first.set()
-
-    await store.wait_for(2)
-    await _no_more(snapshots)
-    assert store.stored == [1, 4]
+    assert store.stored == stored
 
 
 async def test_a_failed_requested_snapshot_is_taken_again_with_the_next_entries() -> None:

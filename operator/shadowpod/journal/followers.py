@@ -9,6 +9,7 @@ another process (PostgreSQL ``NOTIFY``, or the poll interval for SQLite readers)
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Final
@@ -17,8 +18,11 @@ from shadowpod.domain.entries import JournalEntry
 
 # A follower this far behind stops buffering and re-reads from the database instead.
 MAX_BUFFERED_BATCHES: Final = 1024
+# How many entries a follower reads from the database at once when it has to.
+FOLLOW_BATCH: Final = 1000
 
 ReadFn = Callable[[int, int], Awaitable[list[JournalEntry]]]
+SessionReadFn = Callable[[str, int, int], Awaitable[list[JournalEntry]]]
 
 
 class Subscription:
@@ -129,22 +133,37 @@ async def follow_journal_batches(
         hub.unsubscribe(session, subscription)
 
 
-async def follow_journal(
-    hub: FollowerHub,
-    session: str,
-    after: int,
-    read: ReadFn,
-    *,
-    batch_limit: int,
-    poll_interval: float,
+async def _one_by_one(
+    batches: AsyncGenerator[Sequence[JournalEntry], None],
 ) -> AsyncIterator[JournalEntry]:
-    """Yield every entry with seq > ``after``, in order, then keep tailing."""
-    batches = follow_journal_batches(
-        hub, session, after, read, batch_limit=batch_limit, poll_interval=poll_interval
-    )
     try:
         async for batch in batches:
             for entry in batch:
                 yield entry
     finally:
         await batches.aclose()
+
+
+class Followers:
+    """A store's followers: the hub its commits are published to, and the two ways to
+    tail a session (entry by entry, batch by batch) over the store's ``read``."""
+
+    def __init__(self, read: SessionReadFn, *, poll_interval: float) -> None:
+        self.hub = FollowerHub()
+        self._read = read
+        self._poll_interval = poll_interval
+
+    def batches(self, session: str, after: int) -> AsyncGenerator[Sequence[JournalEntry], None]:
+        if after < 0:
+            raise ValueError(f"after must be 0 or a seq, got {after}")
+        return follow_journal_batches(
+            self.hub,
+            session,
+            after,
+            functools.partial(self._read, session),
+            batch_limit=FOLLOW_BATCH,
+            poll_interval=self._poll_interval,
+        )
+
+    def entries(self, session: str, after: int) -> AsyncIterator[JournalEntry]:
+        return _one_by_one(self.batches(session, after))

@@ -14,7 +14,6 @@ PostgreSQL's own group commit shares the WAL flush of concurrent transactions.
 from __future__ import annotations
 
 import asyncio
-import functools
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -31,14 +30,13 @@ from shadowpod.domain.entries import JournalEntry, NewEntry, check_session_id
 from shadowpod.domain.ownership import Ownership
 from shadowpod.journal import codec
 from shadowpod.journal.errors import SnapshotNotFound, StoreUnavailable
-from shadowpod.journal.followers import FollowerHub, follow_journal, follow_journal_batches
+from shadowpod.journal.followers import Followers
 from shadowpod.journal.postgres import ops
 from shadowpod.journal.postgres.listener import NotificationListener
 from shadowpod.journal.postgres.schema import check_schema_name, init_schema
 from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
 
 POOL_SIZE: Final = 16
-FOLLOW_BATCH: Final = 1000
 # Followers are woken by NOTIFY; the poll only bounds the delay if one is lost.
 FOLLOW_POLL_S: Final = 1.0
 
@@ -65,8 +63,8 @@ class PostgresJournalStore:
         self.dsn = dsn
         self.schema = check_schema_name(schema)
         self._pool_size = pool_size
-        self._follow_poll_s = follow_poll_s
-        self._hub = FollowerHub()
+        self._followers = Followers(self.read, poll_interval=follow_poll_s)
+        self._hub = self._followers.hub
         self._token = uuid.uuid4().hex[:12]
         self._channel = f"shadowpod_journal_{self.schema}"
         self._pool: AsyncConnectionPool[Conn] | None = None
@@ -178,30 +176,12 @@ class PostgresJournalStore:
             return await self._ops.read_json(conn, session, after, limit)
 
     def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]:
-        if after < 0:
-            raise ValueError(f"after must be 0 or a seq, got {after}")
-        return follow_journal(
-            self._hub,
-            session,
-            after,
-            functools.partial(self.read, session),
-            batch_limit=FOLLOW_BATCH,
-            poll_interval=self._follow_poll_s,
-        )
+        return self._followers.entries(session, after)
 
     def follow_batches(
         self, session: str, after: int = 0
     ) -> AsyncGenerator[Sequence[JournalEntry], None]:
-        if after < 0:
-            raise ValueError(f"after must be 0 or a seq, got {after}")
-        return follow_journal_batches(
-            self._hub,
-            session,
-            after,
-            functools.partial(self.read, session),
-            batch_limit=FOLLOW_BATCH,
-            poll_interval=self._follow_poll_s,
-        )
+        return self._followers.batches(session, after)
 
     async def head(self, session: str) -> int:
         async with self._tx() as conn:

@@ -9,7 +9,6 @@ the in-process follower hub; readers in other processes notice commits by pollin
 from __future__ import annotations
 
 import asyncio
-import functools
 import sqlite3
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -21,7 +20,7 @@ from shadowpod.domain.entries import JournalEntry, NewEntry, check_session_id
 from shadowpod.domain.ownership import Ownership
 from shadowpod.journal import codec
 from shadowpod.journal.errors import SnapshotNotFound
-from shadowpod.journal.followers import FollowerHub, follow_journal, follow_journal_batches
+from shadowpod.journal.followers import Followers
 from shadowpod.journal.recent import RecentEntries
 from shadowpod.journal.sqlite import snapshot_sql, sql
 from shadowpod.journal.sqlite.checkpointer import Checkpointer
@@ -31,7 +30,6 @@ from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, 
 T = TypeVar("T")
 
 READ_THREADS: Final = 4
-FOLLOW_BATCH: Final = 1000
 # How often a follower re-reads when nothing was committed in this process. Commits in
 # this process wake followers at once; this only bounds the delay for other writers.
 FOLLOW_POLL_S: Final = 0.1
@@ -58,8 +56,8 @@ class SQLiteJournalStore:
             )
         self.path = Path(path)
         self._read_threads = read_threads
-        self._follow_poll_s = follow_poll_s
-        self._hub = FollowerHub()
+        self._followers = Followers(self.read, poll_interval=follow_poll_s)
+        self._hub = self._followers.hub
         # Every commit passes through this process (one writer), so recent entries can
         # be served from memory.
         self._recent = RecentEntries()
@@ -214,29 +212,12 @@ class SQLiteJournalStore:
         return await self._read(lambda conn: sql.read_json(conn, session, after, limit))
 
     def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]:
-        _check_read_args(after, 1)
-        return follow_journal(
-            self._hub,
-            session,
-            after,
-            functools.partial(self.read, session),
-            batch_limit=FOLLOW_BATCH,
-            poll_interval=self._follow_poll_s,
-        )
+        return self._followers.entries(session, after)
 
     def follow_batches(
         self, session: str, after: int = 0
     ) -> AsyncGenerator[Sequence[JournalEntry], None]:
-        if after < 0:
-            raise ValueError(f"after must be 0 or a seq, got {after}")
-        return follow_journal_batches(
-            self._hub,
-            session,
-            after,
-            functools.partial(self.read, session),
-            batch_limit=FOLLOW_BATCH,
-            poll_interval=self._follow_poll_s,
-        )
+        return self._followers.batches(session, after)
 
     async def head(self, session: str) -> int:
         cached = self._recent.head(session)
