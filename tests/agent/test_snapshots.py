@@ -1,14 +1,19 @@
-"""An owner's snapshots: a requested one is never dropped, whatever is in progress."""
+"""An owner's snapshots: a requested one is never dropped, whatever is in progress;
+periodic ones of sessions alike fall apart; what is stored loads back the same."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
+import orjson
 import pytest
 
-from shadowpod.agent.snapshots import Snapshotter
+from shadowpod.agent.snapshots import Snapshotter, periodic_offset, state_json
 from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.state import SessionState
+from shadowpod.domain.schema import load_state, load_state_json
+from shadowpod.domain.state import AgentState, PendingInbound, SessionState
 from tests.domain.builders import JournalBuilder
 
 
@@ -113,3 +118,52 @@ async def test_a_shadow_takes_no_snapshot_even_when_asked() -> None:
     Owner(snapshots, owner=False).apply(2, requested=True)
     await _no_more(snapshots)
     assert store.calls == 0
+
+
+def test_sessions_that_grow_alike_snapshot_at_different_points() -> None:
+    """Eight sessions started together would otherwise all store a multi-megabyte
+    snapshot at the same moment, and again at every doubling."""
+    every = 10_000
+    offsets = [periodic_offset(f"demo-{n}", every) for n in range(8)]
+    assert len(set(offsets)) == 8
+    assert all(0 <= offset < every // 4 for offset in offsets)
+    assert periodic_offset("demo-0", every) == periodic_offset("demo-0", every)
+    assert periodic_offset("demo-0", 3) == 0
+
+
+async def test_a_periodic_snapshot_falls_due_at_every_plus_the_sessions_offset() -> None:
+    every = 100
+    session = next(f"s{n}" for n in range(100) if periodic_offset(f"s{n}", every) > 0)
+    offset = periodic_offset(session, every)
+    store = Store()
+    snapshots = Snapshotter(session, every=every, store=store)
+    owner = Owner(snapshots)
+
+    owner.apply(every + offset - 1)
+    await asyncio.sleep(0.05)
+    assert store.stored == []
+    owner.apply(1)
+    await store.wait_for(1)
+    await _no_more(snapshots)
+    assert store.stored == [every + offset]
+
+
+def test_the_fast_state_encoding_loads_back_to_the_same_state() -> None:
+    """What an owner stores (``state_json``) is the document pydantic would write."""
+    document = json.loads((Path(__file__).parent.parent / "fixtures" / "state_v1.json").read_text())
+    state = load_state(document)  # every surface, from a stored v1 state
+    state.pending[12] = PendingInbound(
+        seq=12, id="m12", kind="message", content="hi", meta={"k": [1, 2.5, None]}, started=True
+    )
+    state.agent = AgentState(values={"count": 3, "profile": {"greeted": True}}, schema_version=2)
+
+    encoded = state_json(state)
+
+    assert SessionState.model_validate_json(encoded) == state
+    assert orjson.loads(encoded) == orjson.loads(state.model_dump_json())
+    assert load_state_json(encoded, schema_version=state.schema_version) == state
+
+
+def test_a_value_beyond_64_bits_is_still_encoded() -> None:
+    state = SessionState(memory={"big": 2**70})
+    assert SessionState.model_validate_json(state_json(state)) == state

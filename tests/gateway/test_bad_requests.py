@@ -112,16 +112,19 @@ async def test_snapshots_have_their_own_larger_limit(
         token = (await control.create_session(CreateSession(session="s"))).agent_token
         await control.post_message("s", "hello")  # seq 1: something to snapshot
 
-    def snapshot(size: int) -> dict[str, object]:
-        return {"watermark": 1, "schema_version": 3, "document": {"memory": {"blob": "x" * size}}}
+    async def put(size: int) -> Reply:
+        return await call(
+            http,
+            "PUT",
+            f"{small.url}/v1/sessions/s/snapshots/1",
+            token=token,
+            params={"schema_version": 3},
+            json={"memory": {"blob": "x" * size}},
+        )
 
-    stored = await call(
-        http, "PUT", f"{small.url}/v1/sessions/s/snapshots", token=token, json=snapshot(8 * 1024)
-    )
+    stored = await put(8 * 1024)
     assert stored.status == 201, stored.text  # over the body limit, within the snapshot limit
-    refused = await call(
-        http, "PUT", f"{small.url}/v1/sessions/s/snapshots", token=token, json=snapshot(128 * 1024)
-    )
+    refused = await put(128 * 1024)
     assert_error(refused, 413, "TooLarge")
     assert "65536 bytes" in refused.json["message"]
     await assert_still_serving(http, small.url, "s")

@@ -179,6 +179,8 @@ def test_the_statuses_users_rely_on_are_documented() -> None:
         "put_ownership": {"200", "409"},
         "fence": {"200", "409"},
         "latest_snapshot": {"200", "404"},
+        "latest_snapshot_document": {"200", "404"},
+        "get_snapshot_document": {"200", "400", "404"},
         "owner_channel": {"101", "409"},
         "readyz": {"200", "503"},
     }
@@ -207,7 +209,6 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "AckRequest": models.AckRequest,
     "DrainReport": models.DrainReport,
     "ProcessReport": models.ProcessReport,
-    "SnapshotPut": models.SnapshotPut,
     "CreateSession": models.CreateSession,
     "CredentialSpec": models.CredentialSpec,
     "ScheduleSpec": models.ScheduleSpec,

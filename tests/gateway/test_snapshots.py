@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import aiohttp
+import orjson
+import pytest
 
 from shadowpod.client.gateway import GatewayClient
 from tests.gateway.conftest import CONTROL, Session, call
@@ -13,15 +15,15 @@ DOCUMENT = {"schema_version": 3, "watermark": 2, "memory": {"lang": {"value": "f
 async def test_no_snapshot_yet_is_404(
     http: aiohttp.ClientSession, url: str, agent: GatewayClient, session: Session
 ) -> None:
-    latest = await call(
-        http, "GET", f"{url}/v1/sessions/{session.name}/snapshots/latest", token=session.agent_token
-    )
-    listed = await call(
-        http, "GET", f"{url}/v1/sessions/{session.name}/snapshots", token=session.agent_token
-    )
+    base = f"{url}/v1/sessions/{session.name}/snapshots"
+    latest = await call(http, "GET", f"{base}/latest", token=session.agent_token)
+    bare = await call(http, "GET", f"{base}/latest/document", token=session.agent_token)
+    listed = await call(http, "GET", base, token=session.agent_token)
     assert (latest.status, latest.reason) == (404, "SnapshotNotFound")
+    assert (bare.status, bare.reason) == (404, "SnapshotNotFound")
     assert (listed.status, listed.json) == (200, [])
     assert await agent.latest_snapshot(session.name) is None
+    assert await agent.snapshot_document(session.name) is None
 
 
 async def test_a_stored_snapshot_reads_back_latest_by_watermark_and_listed(
@@ -38,9 +40,10 @@ async def test_a_stored_snapshot_reads_back_latest_by_watermark_and_listed(
     put = await call(
         http,
         "PUT",
-        base,
+        f"{base}/2",
         token=session.agent_token,
-        json={"watermark": 2, "schema_version": 3, "document": DOCUMENT},
+        params={"schema_version": 3},
+        json=DOCUMENT,
     )
     await agent.put_snapshot(
         session.name, watermark=3, schema_version=3, document={**DOCUMENT, "watermark": 3}
@@ -60,6 +63,24 @@ async def test_a_stored_snapshot_reads_back_latest_by_watermark_and_listed(
     assert (await client.status(session.name)).latest_snapshot == 3
 
 
+async def test_the_bare_document_is_the_text_the_owner_stored(
+    agent: GatewayClient, client: GatewayClient, session: Session
+) -> None:
+    await client.post_message(session.name, "m")
+    # Key order and spacing as the owner wrote them: the gateway never re-encodes.
+    text = b'{"watermark": 1,  "schema_version": 3, "memory": {"b": 1, "a": [1, 2]}}'
+    await agent.put_snapshot(session.name, watermark=1, schema_version=3, document_json=text)
+
+    latest = await agent.snapshot_document(session.name)
+    at_one = await agent.snapshot_document(session.name, 1)
+
+    assert latest == at_one
+    assert latest is not None
+    assert (latest.watermark, latest.schema_version, latest.document_json) == (1, 3, text)
+    enveloped = await agent.snapshot(session.name, 1)
+    assert enveloped.document == orjson.loads(text)
+
+
 async def test_a_snapshot_watermark_beyond_the_head_is_400(
     http: aiohttp.ClientSession, url: str, client: GatewayClient, session: Session
 ) -> None:
@@ -67,12 +88,51 @@ async def test_a_snapshot_watermark_beyond_the_head_is_400(
     reply = await call(
         http,
         "PUT",
-        f"{url}/v1/sessions/{session.name}/snapshots",
+        f"{url}/v1/sessions/{session.name}/snapshots/5",
         token=session.agent_token,
-        json={"watermark": 5, "schema_version": 3, "document": DOCUMENT},
+        params={"schema_version": 3},
+        json=DOCUMENT,
     )
     assert (reply.status, reply.reason) == (400, "InvalidSnapshot")
     assert "head is 1" in reply.json["message"]
+
+
+V3 = {"schema_version": 3}
+
+
+@pytest.mark.parametrize(
+    ("path", "params", "body", "reason", "says"),
+    [
+        pytest.param("0", {}, b"{}", "InvalidQuery", "'schema_version' is required", id="no-v"),
+        pytest.param("0", {"schema_version": 0}, b"{}", "InvalidQuery", "at least 1", id="v0"),
+        pytest.param("-1", V3, b"{}", "InvalidRequest", "must be a seq", id="negative"),
+        pytest.param("0", V3, b'{"a": ', "MalformedJSON", "not valid JSON", id="cut-short"),
+        pytest.param("0", V3, b"\xff{}", "MalformedJSON", "UTF-8", id="not-utf8"),
+        pytest.param("0", V3, b"[1, 2]", "InvalidRequest", "got array", id="a-list"),
+    ],
+)
+async def test_a_bad_snapshot_is_refused_with_what_is_wrong(
+    http: aiohttp.ClientSession,
+    url: str,
+    agent: GatewayClient,
+    session: Session,
+    path: str,
+    params: dict[str, int],
+    body: bytes,
+    reason: str,
+    says: str,
+) -> None:
+    reply = await call(
+        http,
+        "PUT",
+        f"{url}/v1/sessions/{session.name}/snapshots/{path}",
+        token=session.agent_token,
+        params=params,
+        data=body,
+    )
+    assert (reply.status, reply.reason) == (400, reason)
+    assert says in reply.json["message"]
+    assert await agent.snapshots(session.name) == []  # nothing stored
 
 
 async def test_unknown_and_invalid_watermarks(
@@ -82,30 +142,23 @@ async def test_unknown_and_invalid_watermarks(
     base = f"{url}/v1/sessions/{session.name}/snapshots"
 
     unknown = await call(http, "GET", f"{base}/7", token=session.agent_token)
+    unknown_bare = await call(http, "GET", f"{base}/7/document", token=session.agent_token)
     invalid = await call(http, "GET", f"{base}/seven", token=session.agent_token)
-    bad_body = await call(
-        http,
-        "PUT",
-        base,
-        token=session.agent_token,
-        json={"watermark": -1, "schema_version": 0, "document": []},
-    )
 
     assert (unknown.status, unknown.reason) == (404, "SnapshotNotFound")
+    assert (unknown_bare.status, unknown_bare.reason) == (404, "SnapshotNotFound")
     assert "seq 7" in unknown.json["message"]
     assert (invalid.status, invalid.reason) == (400, "InvalidRequest")
-    assert (bad_body.status, sorted(bad_body.locs)) == (
-        400,
-        ["document", "schema_version", "watermark"],
-    )
 
 
 async def test_snapshots_need_the_session_agent_token(
     http: aiohttp.ClientSession, url: str, session: Session
 ) -> None:
-    base = f"{url}/v1/sessions/{session.name}/snapshots"
-    body = {"watermark": 0, "schema_version": 3, "document": {}}
-    anonymous = await call(http, "PUT", base, json=body)
-    as_control = await call(http, "PUT", base, json=body, token=CONTROL)
+    put = f"{url}/v1/sessions/{session.name}/snapshots/0"
+    params = {"schema_version": 3}
+    anonymous = await call(http, "PUT", put, params=params, json={})
+    as_control = await call(http, "PUT", put, params=params, json={}, token=CONTROL)
+    bare = await call(http, "GET", f"{put}/document")
     assert (anonymous.status, anonymous.reason) == (401, "Unauthorized")
+    assert (bare.status, bare.reason) == (401, "Unauthorized")
     assert as_control.status == 201

@@ -293,7 +293,7 @@ async def test_a_missing_session_is_a_clear_error_everywhere(store: JournalStore
         store.get_ownership("ghost"),
         store.compare_and_set_ownership("ghost", 0, Ownership(epoch=1)),
         store.acks("ghost"),
-        store.put_snapshot("ghost", watermark=0, schema_version=3, document={}),
+        store.put_snapshot("ghost", watermark=0, schema_version=3, document_json=b"{}"),
         store.list_snapshots("ghost"),
         store.delete_session("ghost"),
         store.apply_retention("ghost", keep_snapshots=1),
@@ -319,7 +319,7 @@ async def test_sessions_are_created_once_listed_and_deleted_with_all_they_own(
     assert [s.session for s in await store.list_sessions()] == ["a", "b"]
 
     await store.append("b", [msg("x", id="x")])
-    await store.put_snapshot("b", watermark=1, schema_version=3, document={"k": 1})
+    await store.put_snapshot("b", watermark=1, schema_version=3, document_json=b'{"k": 1}')
     await store.compare_and_set_ownership("b", 0, Ownership(epoch=1, owner="p"))
     await store.delete_session("b")
     assert [s.session for s in await store.list_sessions()] == ["a"]
@@ -413,15 +413,18 @@ async def test_snapshots_are_stored_compressed_and_listed(store: JournalStore) -
     await store.create_session("s")
     await store.append("s", [msg(str(n)) for n in range(5)])
     assert await store.latest_snapshot("s") is None
-    document = {"schema_version": 3, "memory": {"notes": ["the same note"] * 500}}
-    info = await store.put_snapshot("s", watermark=3, schema_version=3, document=document)
-    await store.put_snapshot(
-        "s", watermark=5, schema_version=3, document={"schema_version": 3, "v": 5}
+    # Stored as the text it was given (never re-encoded): what an owner sent reads back.
+    document = b'{"schema_version": 3, "memory": {"notes": [%s]}}' % b", ".join(
+        [b'"the same note"'] * 500
     )
-    assert info.size_bytes < len(str(document)) / 10
-    assert (await store.get_snapshot("s", 3)).document == document
+    info = await store.put_snapshot("s", watermark=3, schema_version=3, document_json=document)
+    await store.put_snapshot(
+        "s", watermark=5, schema_version=3, document_json=b'{"schema_version":3,"v":5}'
+    )
+    assert info.size_bytes < len(document) / 10
+    assert (await store.get_snapshot("s", 3)).document_json == document
     latest = await store.latest_snapshot("s")
-    assert latest is not None and latest.info.watermark == 5 and latest.document["v"] == 5
+    assert latest is not None and latest.info.watermark == 5 and latest.document()["v"] == 5
     assert [(i.watermark, i.schema_version) for i in await store.list_snapshots("s")] == [
         (3, 3),
         (5, 3),
@@ -429,7 +432,7 @@ async def test_snapshots_are_stored_compressed_and_listed(store: JournalStore) -
     with pytest.raises(SnapshotNotFound, match="no snapshot at seq 4"):
         await store.get_snapshot("s", 4)
     with pytest.raises(InvalidSnapshot, match="outside the journal"):
-        await store.put_snapshot("s", watermark=6, schema_version=3, document={})
+        await store.put_snapshot("s", watermark=6, schema_version=3, document_json=b"{}")
 
 
 async def test_retention_truncates_what_the_oldest_kept_snapshot_covers(
@@ -445,7 +448,7 @@ async def test_retention_truncates_what_the_oldest_kept_snapshot_covers(
     [pending] = await store.append("s", [msg("not yet processed")])  # seq 11
     for watermark in (4, 7, 11):
         await store.put_snapshot(
-            "s", watermark=watermark, schema_version=3, document={"w": watermark}
+            "s", watermark=watermark, schema_version=3, document_json=b'{"w": %d}' % watermark
         )
 
     kept = await store.apply_retention("s", keep_snapshots=2)

@@ -35,7 +35,7 @@ from shadowpod.agent.settings import AgentSettings
 from shadowpod.agent.snapshots import Snapshotter
 from shadowpod.agent.turn import OwnerContext, Superseded, take_turn
 from shadowpod.agent.turn_group import TurnGroup
-from shadowpod.api.models import DrainReport, ProcessReport, SnapshotOut
+from shadowpod.api.models import DrainReport, ProcessReport
 from shadowpod.client.channel import ChannelClosed, OwnerChannelClient
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.domain.entries import JournalEntry, NewEntry
@@ -44,7 +44,7 @@ from shadowpod.domain.payloads import (
     EntryKind,
 )
 from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.schema import load_state
+from shadowpod.domain.schema import load_state_json
 from shadowpod.domain.state import PendingInbound, SessionState
 
 logger = logging.getLogger(__name__)
@@ -147,12 +147,13 @@ class AgentRuntime:
     # --- restoring and catching up ----------------------------------------------------
 
     async def _restore(self) -> None:
-        snapshot: SnapshotOut | None
-        if self.settings.snapshot is not None:
-            snapshot = await self.client.snapshot(self.session, self.settings.snapshot)
-        else:
-            snapshot = await self.client.latest_snapshot(self.session)
-        state = SessionState() if snapshot is None else load_state(snapshot.document)
+        # The latest when no watermark is set (``None`` when there is none yet).
+        snapshot = await self.client.snapshot_document(self.session, self.settings.snapshot)
+        state = (
+            SessionState()
+            if snapshot is None
+            else load_state_json(snapshot.document_json, schema_version=snapshot.schema_version)
+        )
         if state.agent.values:
             # Fail now, before claiming readiness, if we cannot read the agent's state.
             self.agent.migrate_state(dict(state.agent.values), state.agent.schema_version)

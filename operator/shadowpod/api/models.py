@@ -129,12 +129,10 @@ class DrainReport(_Body):
 # --- snapshots ------------------------------------------------------------------------
 
 
-class SnapshotPut(_Body):
-    watermark: int = Field(ge=0)
-    schema_version: int = Field(ge=1)
-    # Any JSON object (the state document of its schema version): not walked value by
-    # value here — documents run to megabytes, and the schema loader checks them.
-    document: dict[str, Any]
+# The headers of a bare snapshot document (``GET .../snapshots/{watermark}/document``):
+# what a loader needs besides the document's text.
+SNAPSHOT_WATERMARK_HEADER: Final = "Shadowpod-Snapshot-Watermark"
+SNAPSHOT_SCHEMA_VERSION_HEADER: Final = "Shadowpod-Snapshot-Schema-Version"
 
 
 class SnapshotInfoOut(_Body):

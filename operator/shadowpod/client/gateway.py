@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import aiohttp
@@ -10,6 +11,8 @@ import orjson
 from pydantic import BaseModel, JsonValue
 
 from shadowpod.api.models import (
+    SNAPSHOT_SCHEMA_VERSION_HEADER,
+    SNAPSHOT_WATERMARK_HEADER,
     Accepted,
     AppendedOut,
     CreateSession,
@@ -23,7 +26,6 @@ from shadowpod.api.models import (
     SessionStatus,
     SnapshotInfoOut,
     SnapshotOut,
-    SnapshotPut,
     SnapshotRequested,
     UnfenceRequest,
 )
@@ -48,6 +50,15 @@ class GatewayError(ShadowpodError):
         self.reason = reason
         self.message = message
         self.errors = errors or []
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotDocument:
+    """A stored state document as its JSON text, with what a loader needs to read it."""
+
+    watermark: int
+    schema_version: int
+    document_json: bytes
 
 
 def _entries(data: str) -> list[JournalEntry]:
@@ -243,15 +254,15 @@ class GatewayClient:
     ) -> SnapshotInfoOut:
         """Store a snapshot; ``document_json`` (the document already serialised) spares
         a second encoding of what may be megabytes."""
-        path = f"/v1/sessions/{session}/snapshots"
-        if document_json is not None:
-            envelope = {"watermark": int(watermark), "schema_version": int(schema_version)}
-            data = orjson.dumps(envelope)[:-1] + b',"document":' + document_json + b"}"
-            return SnapshotInfoOut.model_validate(await self._call("PUT", path, data=data))
-        body = SnapshotPut(
-            watermark=watermark, schema_version=schema_version, document=document or {}
+        if document_json is None:
+            document_json = orjson.dumps(document or {})
+        answer = await self._call(
+            "PUT",
+            f"/v1/sessions/{session}/snapshots/{int(watermark)}",
+            data=document_json,
+            params={"schema_version": int(schema_version)},
         )
-        return SnapshotInfoOut.model_validate(await self._call("PUT", path, body=body))
+        return SnapshotInfoOut.model_validate(answer)
 
     async def latest_snapshot(self, session: str) -> SnapshotOut | None:
         try:
@@ -266,6 +277,26 @@ class GatewayClient:
         return SnapshotOut.model_validate(
             await self._call("GET", f"/v1/sessions/{session}/snapshots/{watermark}")
         )
+
+    async def snapshot_document(
+        self, session: str, watermark: int | None = None
+    ) -> SnapshotDocument | None:
+        """The snapshot at ``watermark`` (the latest when ``None``; then ``None`` when
+        there is none) as its JSON text, for a loader that parses it once, itself."""
+        which = "latest" if watermark is None else str(int(watermark))
+        url = f"{self.base_url}/v1/sessions/{session}/snapshots/{which}/document"
+        async with self.http.get(url, timeout=self._timeout) as response:
+            raw = await response.read()
+            if response.status >= 400:
+                error = _error(response.status, raw)
+                if watermark is None and error.reason == "SnapshotNotFound":
+                    return None
+                raise error
+            return SnapshotDocument(
+                watermark=int(response.headers[SNAPSHOT_WATERMARK_HEADER]),
+                schema_version=int(response.headers[SNAPSHOT_SCHEMA_VERSION_HEADER]),
+                document_json=raw,
+            )
 
     async def snapshots(self, session: str) -> list[SnapshotInfoOut]:
         answer = await self._call("GET", f"/v1/sessions/{session}/snapshots")

@@ -90,9 +90,9 @@ def field_errors(exc: ValidationError, prefix: str = "") -> list[FieldError]:
 LARGE_BODY: Final = 256 * 1024
 
 
-async def read_body(request: web.Request, model: type[M], *, limit: int | None = None) -> M:
-    """The request body as ``model``, or a 400 naming every field that is wrong (413
-    when it is larger than ``limit``, by default the gateway's body limit)."""
+async def read_raw_body(request: web.Request, *, limit: int | None = None) -> bytes:
+    """The request body, or a 413 when it is larger than ``limit`` (by default the
+    gateway's body limit)."""
     limit = request.app[LIMITS].max_body_bytes if limit is None else limit
     if request.content_length is not None and request.content_length > limit:
         raise ApiError(
@@ -103,6 +103,13 @@ async def read_body(request: web.Request, model: type[M], *, limit: int | None =
         raise ApiError(
             413, "TooLarge", f"the request body is larger than the {limit} bytes allowed"
         )
+    return raw
+
+
+async def read_body(request: web.Request, model: type[M], *, limit: int | None = None) -> M:
+    """The request body as ``model``, or a 400 naming every field that is wrong (413
+    when it is larger than ``limit``, by default the gateway's body limit)."""
+    raw = await read_raw_body(request, limit=limit)
     try:
         data = (
             await asyncio.to_thread(orjson.loads, raw)

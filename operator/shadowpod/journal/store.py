@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from shadowpod.domain.entries import JournalEntry, NewEntry
@@ -54,13 +55,24 @@ class SnapshotInfo(BaseModel):
     created: datetime
 
 
-class Snapshot(BaseModel):
-    """Full session state at ``watermark``, as the JSON document of its schema version."""
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Full session state at ``watermark``: the JSON document of its schema version, as
+    the text it was stored as.
 
-    model_config = ConfigDict(frozen=True)
+    Stores keep the document as text and never parse it: a long session's state runs to
+    megabytes, and parsing it into objects holds the process's GIL for tens of
+    milliseconds, which a gateway serving other sessions must not spend.
+    """
 
     info: SnapshotInfo
-    document: dict[str, Any]
+    document_json: bytes
+
+    def document(self) -> dict[str, Any]:
+        """The document parsed (for callers that want it as objects)."""
+        document = orjson.loads(self.document_json)
+        assert isinstance(document, dict)
+        return document
 
 
 class Retention(BaseModel):
@@ -125,8 +137,11 @@ class JournalStore(Protocol):
 
     # snapshots
     async def put_snapshot(
-        self, session: str, *, watermark: int, schema_version: int, document: Mapping[str, Any]
-    ) -> SnapshotInfo: ...
+        self, session: str, *, watermark: int, schema_version: int, document_json: bytes
+    ) -> SnapshotInfo:
+        """Store ``document_json`` (the state document as JSON text, stored as it is:
+        the caller checks it is a JSON object) as the snapshot at ``watermark``."""
+        ...
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot: ...
 

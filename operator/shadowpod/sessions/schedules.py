@@ -22,7 +22,7 @@ from typing import Final
 from shadowpod.domain.entries import NewEntry, schedule_fire_id
 from shadowpod.domain.payloads import EntryKind, ScheduleOp, SchedulePayload
 from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.schema import load_state
+from shadowpod.domain.schema import load_state_json
 from shadowpod.domain.state import Schedule, SessionState
 from shadowpod.journal.errors import SessionNotFound
 from shadowpod.journal.store import JournalStore
@@ -60,7 +60,9 @@ class ScheduleBook:
             snapshot = await store.latest_snapshot(self.session)
             state = SessionState()
             if snapshot is not None:
-                state = load_state(snapshot.document)
+                state = load_state_json(
+                    snapshot.document_json, schema_version=snapshot.info.schema_version
+                )
                 state = SessionState(watermark=state.watermark, schedules=state.schedules)
             self._folder = StateFolder(state)
             self.scanned_through = state.watermark

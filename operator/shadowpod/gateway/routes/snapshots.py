@@ -1,4 +1,12 @@
-"""Snapshots: owners store them; shadows, the operator and the engine read them."""
+"""Snapshots: owners store them; shadows, the operator and the engine read them.
+
+A state document is stored and served as the JSON text the owner sent, never parsed
+into objects here: a long session's state runs to megabytes, and building (then
+re-encoding) its objects held the gateway's GIL for tens of milliseconds per snapshot
+— every session on the gateway waited, and sessions snapshotting together stalled it
+for hundreds. The document is checked to be a JSON object by a parser that releases
+the GIL, compressed off the event loop, and answered by splicing bytes.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +15,15 @@ import asyncio
 import orjson
 from aiohttp import web
 
-from shadowpod.api.models import SnapshotInfoOut, SnapshotPut
+from shadowpod.api.models import (
+    SNAPSHOT_SCHEMA_VERSION_HEADER,
+    SNAPSHOT_WATERMARK_HEADER,
+    SnapshotInfoOut,
+)
 from shadowpod.domain.entries import format_ts
-from shadowpod.gateway.context import gateway, json_response, session_of
-from shadowpod.gateway.errors import ApiError, read_body
+from shadowpod.gateway.context import gateway, json_response, required_int_query, session_of
+from shadowpod.gateway.errors import ApiError, read_raw_body
+from shadowpod.journal import codec
 from shadowpod.journal.errors import SnapshotNotFound
 from shadowpod.journal.store import Snapshot, SnapshotInfo
 
@@ -26,24 +39,61 @@ def _info(info: SnapshotInfo) -> SnapshotInfoOut:
     )
 
 
-async def _snapshot_response(snapshot: Snapshot) -> web.Response:
-    """The snapshot as JSON, encoded off the event loop: documents run to megabytes."""
-    answer = {"info": _info(snapshot.info).model_dump(), "document": snapshot.document}
-    body = await asyncio.to_thread(orjson.dumps, answer)
+def _watermark(request: web.Request) -> int:
+    raw = request.match_info["watermark"]
+    if not raw.isdigit():
+        raise ApiError(400, "InvalidRequest", f"snapshot watermark must be a seq, got {raw!r}")
+    return int(raw)
+
+
+async def _snapshot(request: web.Request, *, latest: bool) -> Snapshot:
+    gw = gateway(request)
+    session = session_of(request)
+    await gw.auth.agent(request, session)
+    if not latest:
+        return await gw.store.get_snapshot(session, _watermark(request))
+    snapshot = await gw.store.latest_snapshot(session)
+    if snapshot is None:
+        raise SnapshotNotFound(session)
+    return snapshot
+
+
+def _envelope(snapshot: Snapshot) -> web.Response:
+    """``{"info": ..., "document": ...}``, the stored document spliced in as it is."""
+    info = orjson.dumps(_info(snapshot.info).model_dump())
+    body = b'{"info":' + info + b',"document":' + snapshot.document_json + b"}"
     return web.Response(body=body, content_type="application/json")
 
 
-@routes.put("/v1/sessions/{session}/snapshots", name="put_snapshot")
+def _bare(snapshot: Snapshot) -> web.Response:
+    headers = {
+        SNAPSHOT_WATERMARK_HEADER: str(snapshot.info.watermark),
+        SNAPSHOT_SCHEMA_VERSION_HEADER: str(snapshot.info.schema_version),
+    }
+    return web.Response(
+        body=snapshot.document_json, content_type="application/json", headers=headers
+    )
+
+
+@routes.put("/v1/sessions/{session}/snapshots/{watermark}", name="put_snapshot")
 async def put_snapshot(request: web.Request) -> web.Response:
     gw = gateway(request)
     session = session_of(request)
     await gw.auth.agent(request, session)
-    body = await read_body(request, SnapshotPut, limit=gw.config.max_snapshot_bytes)
+    watermark = _watermark(request)
+    schema_version = required_int_query(request, "schema_version", minimum=1)
+    document = await read_raw_body(request, limit=gw.config.max_snapshot_bytes)
+    kind = await asyncio.to_thread(codec.json_type, document)
+    if kind is None:
+        raise ApiError(400, "MalformedJSON", "the snapshot document is not valid JSON (UTF-8)")
+    if kind != "object":
+        raise ApiError(
+            400,
+            "InvalidRequest",
+            f"the snapshot document must be a JSON object (the session state), got {kind}",
+        )
     info = await gw.store.put_snapshot(
-        session,
-        watermark=body.watermark,
-        schema_version=body.schema_version,
-        document=body.document,
+        session, watermark=watermark, schema_version=schema_version, document_json=document
     )
     return json_response(_info(info), status=201)
 
@@ -59,21 +109,19 @@ async def list_snapshots(request: web.Request) -> web.Response:
 
 @routes.get("/v1/sessions/{session}/snapshots/latest", name="latest_snapshot")
 async def latest_snapshot(request: web.Request) -> web.Response:
-    gw = gateway(request)
-    session = session_of(request)
-    await gw.auth.agent(request, session)
-    snapshot = await gw.store.latest_snapshot(session)
-    if snapshot is None:
-        raise SnapshotNotFound(session)
-    return await _snapshot_response(snapshot)
+    return _envelope(await _snapshot(request, latest=True))
+
+
+@routes.get("/v1/sessions/{session}/snapshots/latest/document", name="latest_snapshot_document")
+async def latest_snapshot_document(request: web.Request) -> web.Response:
+    return _bare(await _snapshot(request, latest=True))
 
 
 @routes.get("/v1/sessions/{session}/snapshots/{watermark}", name="get_snapshot")
 async def get_snapshot(request: web.Request) -> web.Response:
-    gw = gateway(request)
-    session = session_of(request)
-    await gw.auth.agent(request, session)
-    raw = request.match_info["watermark"]
-    if not raw.isdigit():
-        raise ApiError(400, "InvalidRequest", f"snapshot watermark must be a seq, got {raw!r}")
-    return await _snapshot_response(await gw.store.get_snapshot(session, int(raw)))
+    return _envelope(await _snapshot(request, latest=False))
+
+
+@routes.get("/v1/sessions/{session}/snapshots/{watermark}/document", name="get_snapshot_document")
+async def get_snapshot_document(request: web.Request) -> web.Response:
+    return _bare(await _snapshot(request, latest=False))

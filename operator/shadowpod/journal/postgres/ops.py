@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -289,7 +290,9 @@ class Statements:
             size_bytes=len(data),
             created=row[2],
         )
-        return Snapshot(info=info, document=codec.decompress_document(data))
+        # Off the event loop: documents run to megabytes (zlib releases the GIL).
+        document_json = await asyncio.to_thread(codec.decompress_document, data)
+        return Snapshot(info=info, document_json=document_json)
 
     async def list_snapshots(self, conn: Conn, session: str) -> list[SnapshotInfo]:
         sid = (await self._row(conn, session, lock=False))[0]

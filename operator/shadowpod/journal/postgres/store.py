@@ -17,7 +17,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Final
+from typing import Final
 
 import orjson
 import psycopg
@@ -212,9 +212,9 @@ class PostgresJournalStore:
     # --- snapshots --------------------------------------------------------------------
 
     async def put_snapshot(
-        self, session: str, *, watermark: int, schema_version: int, document: Mapping[str, Any]
+        self, session: str, *, watermark: int, schema_version: int, document_json: bytes
     ) -> SnapshotInfo:
-        blob = await asyncio.to_thread(codec.compress_document, document)
+        blob = await asyncio.to_thread(codec.compress_document, document_json)
         async with self._tx() as conn:
             return await self._ops.put_snapshot(conn, session, watermark, schema_version, blob)
 

@@ -68,7 +68,7 @@ def get_snapshot(conn: sqlite3.Connection, session: str, watermark: int | None) 
     if row is None:
         raise SnapshotNotFound(session, watermark)
     return Snapshot(
-        info=_snapshot_info(session, row), document=codec.decompress_document(row["data"])
+        info=_snapshot_info(session, row), document_json=codec.decompress_document(row["data"])
     )
 
 

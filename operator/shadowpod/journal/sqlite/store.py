@@ -14,7 +14,7 @@ import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 from shadowpod.domain.entries import JournalEntry, NewEntry, check_session_id
 from shadowpod.domain.ownership import Ownership
@@ -243,11 +243,11 @@ class SQLiteJournalStore:
     # --- snapshots --------------------------------------------------------------------
 
     async def put_snapshot(
-        self, session: str, *, watermark: int, schema_version: int, document: Mapping[str, Any]
+        self, session: str, *, watermark: int, schema_version: int, document_json: bytes
     ) -> SnapshotInfo:
         # Compressed on a thread before it is submitted: the batch's SQL runs on the
         # event loop, and a large snapshot would hold up every other session's appends.
-        blob = await asyncio.to_thread(codec.compress_document, document)
+        blob = await asyncio.to_thread(codec.compress_document, document_json)
         return await self._write(
             session,
             lambda tx: snapshot_sql.put_snapshot(tx, session, watermark, schema_version, blob),
