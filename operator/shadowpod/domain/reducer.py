@@ -152,7 +152,18 @@ def _start_turn(state: SessionState, turn: int | None) -> None:
         return
     inbound = state.pending.get(turn)
     if inbound is not None and not inbound.started:
-        state.pending[turn] = replace(inbound, started=True)
+        # Every turn passes here: spelled out, as ``dataclasses.replace`` inspects the
+        # fields on each call and took a fifth of a shadow's catch-up.
+        state.pending[turn] = PendingInbound(
+            seq=inbound.seq,
+            id=inbound.id,
+            kind=inbound.kind,
+            role=inbound.role,
+            content=inbound.content,
+            schedule_id=inbound.schedule_id,
+            meta=inbound.meta,
+            started=True,
+        )
         state.transcript.append(
             TranscriptMessage(
                 seq=inbound.seq,
