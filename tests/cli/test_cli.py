@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,6 +72,17 @@ def test_bench_journal_prints_one_json_object_with_the_figures(backend: str) -> 
     assert report["appends_per_s"] > 0 and report["replay_entries_per_s"] > 0
     sizes = list(report["db_bytes_by_length"].values())
     assert sizes == sorted(sizes)  # the database grows as the session does
+    assert_machine_described(report["machine"])
+
+
+def assert_machine_described(machine: dict[str, Any]) -> None:
+    """Each report says how fast the machine was, before and after, and how busy."""
+    loop = machine["python_loop_s"]
+    assert loop["steps"] > 0 and loop["before"] > 0 and loop["after"] > 0
+    assert machine["cpus"] >= 1
+    if machine["cpu"] is not None:  # Linux
+        assert 0 <= machine["cpu"]["busy_pct"] <= 100
+        assert 0 <= machine["cpu"]["steal_pct"] <= 100
 
 
 def test_bench_journal_says_why_it_cannot_reach_postgres() -> None:
@@ -123,6 +135,7 @@ def test_bench_migrate_prints_one_json_object_with_both_strategies() -> None:
     assert report["comparison"]["summary"]["succeeded"] == 1
     assert summary["client_pause_restart_over_shadow"] > 0
     assert set(report["targets"]) >= {"fence_pause_ms_p99", "total_s_p50", "invariants"}
+    assert_machine_described(report["machine"])
 
 
 def test_bench_migrate_gives_up_with_a_clear_error_when_the_machine_cannot_keep_up() -> None:

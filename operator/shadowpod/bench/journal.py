@@ -18,8 +18,6 @@ Figures (keys of the JSON report):
 from __future__ import annotations
 
 import asyncio
-import os
-import platform
 import shutil
 import sqlite3
 import statistics
@@ -32,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from shadowpod.bench.machine import LOOP_STEPS, MachineProbe
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.ownership import Ownership
 from shadowpod.domain.reducer import fold
@@ -60,6 +59,8 @@ class JournalBenchConfig:
     lengths: tuple[int, ...] = (10, 1_000, 100_000)
     turns: int = 100
     rounds: int = 3
+    # The machine's speed is measured before and after (see ``shadowpod.bench.machine``).
+    loop_steps: int = LOOP_STEPS
 
     @classmethod
     def quick(cls, **overrides: Any) -> JournalBenchConfig:
@@ -72,6 +73,7 @@ class JournalBenchConfig:
             "lengths": (10, 100, 1_000),
             "turns": 10,
             "rounds": 1,
+            "loop_steps": 100_000,
         }
         values.update(overrides)
         return cls(**values)
@@ -242,14 +244,12 @@ async def _replay(store: JournalStore, session: str) -> tuple[float, float, int]
 
 
 async def run_journal_bench(config: JournalBenchConfig) -> dict[str, Any]:
+    machine = MachineProbe(loop_steps=config.loop_steps)
+    machine.start()
     report: dict[str, Any] = {
         "benchmark": "journal",
         "backend": config.backend,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": {},
         "config": {
             "rounds": config.rounds,
             "writers": config.writers,
@@ -302,6 +302,7 @@ async def run_journal_bench(config: JournalBenchConfig) -> dict[str, Any]:
     report["fold_entries_per_s"] = round(fold_rate)
     shortest, longest = str(config.lengths[0]), str(config.lengths[-1])
     report["turn_cost_growth"] = round(turn_cost[longest] / turn_cost[shortest], 2)
+    report["machine"] = machine.report()
     if config.backend == "sqlite":
         report["targets"] = _check_targets(report)
     return report

@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import os
-import platform
 import shutil
 import tempfile
 import time
@@ -29,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from shadowpod.bench.machine import LOOP_STEPS, MachineProbe
 from shadowpod.engine.ports import InstanceSpec
 from shadowpod.engine.record import MigrationPolicy, Strategy
 from shadowpod.local.checks import summarise
@@ -58,6 +57,8 @@ class MigrateBenchConfig:
     # at all: the backlog only grows, and the run would take ever longer to mean nothing.
     max_backlog_s: float = 10.0
     workdir: Path | None = None
+    # The machine's speed is measured before and after (see ``shadowpod.bench.machine``).
+    loop_steps: int = LOOP_STEPS
 
 
 def _target(moves: int) -> str:
@@ -238,6 +239,8 @@ def _series_summary(report: ScenarioReport, replays: Replays | None) -> dict[str
 
 
 async def run_migrate_bench(config: MigrateBenchConfig) -> dict[str, Any]:
+    machine = MachineProbe(loop_steps=config.loop_steps)
+    machine.start()
     primary, replays = await _series(config, config.strategy, config.migrations)
     report: dict[str, Any] = {
         "benchmark": "migrate",
@@ -245,7 +248,7 @@ async def run_migrate_bench(config: MigrateBenchConfig) -> dict[str, Any]:
         "rate": config.rate,
         "sessions": config.sessions,
         "rate_per_session": round(config.rate / config.sessions, 2),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {},
         "migrations": [m.summary() for m in primary.migrations],
         "summary": _series_summary(primary, replays),
     }
@@ -263,6 +266,7 @@ async def run_migrate_bench(config: MigrateBenchConfig) -> dict[str, Any]:
         if mine and theirs:
             shadow, restart = (mine, theirs) if config.strategy == "shadow" else (theirs, mine)
             report["summary"]["client_pause_restart_over_shadow"] = round(restart / shadow, 1)
+    report["machine"] = machine.report()
     if config.strategy == "shadow":
         report["targets"] = _check_targets(report)
     return report

@@ -82,6 +82,7 @@ def _print_journal(report: dict[str, Any]) -> None:
         verdict = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
         table.add_row(f"target {name}", f"{target['measured']} vs {target['target']} {verdict}")
     Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
 
 
 @bench.command("migrate")
@@ -147,7 +148,7 @@ def migrate(
         max_backlog_s=max_backlog_s,
     )
     if quick:
-        config = dataclasses.replace(config, warmup_s=0.5, gap_s=0.3)
+        config = dataclasses.replace(config, warmup_s=0.5, gap_s=0.3, loop_steps=100_000)
     _run_and_report("migration", run_migrate_bench(config), _print_migrate, as_json, check)
 
 
@@ -185,6 +186,20 @@ def _print_migrate(report: dict[str, Any]) -> None:
         verdict = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
         facts.add_row(f"target {name}", f"{target['measured']} vs {target['target']} {verdict}")
     Console().print(facts)
+    Console().print(f"machine: {_machine(report)}")
+
+
+def _machine(report: dict[str, Any]) -> str:
+    """One line on the machine the figures come from (see ``shadowpod.bench.machine``)."""
+    machine = report["machine"]
+    loop = machine["python_loop_s"]
+    line = (
+        f"{machine['cpus']} cores; a {loop['steps']:,}-step Python loop took "
+        f"{loop['before']} s before and {loop['after']} s after"
+    )
+    if machine["cpu"] is not None:
+        line += f"; cores busy {machine['cpu']['busy_pct']}%, stolen {machine['cpu']['steal_pct']}%"
+    return line
 
 
 def _run_and_report(
