@@ -5,8 +5,10 @@ machine shares its host): the same build has given a migration's fence pause p99
 28 ms and of 106 ms on two machines sold as alike. Every benchmark report therefore
 carries:
 
-- ``python_loop_s`` — the time of a 10-million-step Python loop, best of three, just
-  before and just after the run: the speed of one core for the interpreter's work;
+- ``python_loop_s`` — the time of a 10-million-step Python loop, the median of three,
+  just before and just after the run: the speed of one core for the interpreter's work
+  (the median, not the best: a shared host's bursts of slowness are part of the
+  figure);
 - ``cpu`` — over the run, from ``/proc/stat`` (Linux): the share of all cores that was
   busy (``busy_pct``, what the run left of the machine) and the share the hypervisor
   gave to other guests (``steal_pct``).
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,14 +29,14 @@ PROC_STAT: Final = Path("/proc/stat")
 
 
 def python_loop_s(steps: int = LOOP_STEPS, rounds: int = 3) -> float:
-    """Seconds for ``steps`` iterations of an empty Python loop, best of ``rounds``."""
-    best = float("inf")
+    """Seconds for ``steps`` iterations of an empty Python loop, median of ``rounds``."""
+    times = []
     for _ in range(rounds):
         started = time.perf_counter()
         for _ in range(steps):
             pass
-        best = min(best, time.perf_counter() - started)
-    return best
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 @dataclass(frozen=True)
