@@ -216,6 +216,10 @@ def _series_summary(report: ScenarioReport, replays: Replays | None) -> dict[str
         "fence_pause_ms": summarise(
             [m["fence_pause_ms"] for m in migrations if m["fence_pause_ms"] is not None]
         ),
+        # Of the migrations, how many held a message back (the others had no pause to
+        # measure: the fence closed between two turns and the epoch moved on before the
+        # next message arrived).
+        "fence_pauses_measured": sum(m["fence_pause_ms"] is not None for m in migrations),
         "client_max_latency_ms": summarise([m["client_max_latency_ms"] for m in migrations]),
         # The same measure with no migration running: the load's own jitter.
         "client_max_latency_quiet_ms": summarise(report.quiet_max_latency_ms),

@@ -134,7 +134,12 @@ def print_report(report: ScenarioReport, rate: float, console: Console) -> None:
         )
         console.print(timeline)
         facts = Table(show_header=False)
-        facts.add_row("fence pause (first buffered message)", _ms(record.fence_pause_ms))
+        facts.add_row(
+            "fence pause (first buffered message)",
+            _ms(record.fence_pause_ms)
+            if record.fence_pause_ms is not None or record.phase is not Phase.SUCCEEDED
+            else "none: no message arrived while delivery was held",
+        )
         facts.add_row(
             "fence wait for the source to go idle",
             _ms(record.fence.waited_ms if record.fence else None),

@@ -1,8 +1,10 @@
 """The ExchangeFence: the cutover of a session from one owner to the next (DESIGN §4.5).
 
 1. Fence: the fence is recorded and its marker journaled (one commit), then the gate
-   stops releasing inbound entries to the current owner. Inbound keeps being
-   journaled; the journal is the buffer.
+   stops releasing inbound entries to the current owner — in a gap between its turns
+   if one comes soon (``IDLE_WAIT_S``): the owner's last turns are then served as
+   usual rather than held messages waiting them out. Inbound keeps being journaled;
+   the journal is the buffer.
 2. Wait until the owner has acked every inbound entry it was given (no turn in
    progress), or the timeout passes — then unfence: delivery to the same owner
    resumes and nothing was lost.
@@ -26,6 +28,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Final
 
 from shadowpod.domain.entries import JournalEntry, NewEntry, is_inbound
 from shadowpod.domain.errors import ShadowpodError
@@ -36,6 +39,8 @@ from shadowpod.journal.store import JournalStore
 from shadowpod.sessions.gates import PauseTarget, SessionGate, SessionGates
 
 logger = logging.getLogger(__name__)
+# How long a fence waits for a gap between the owner's turns to close the gate in.
+IDLE_WAIT_S: Final = 0.05
 
 
 class FenceTimeout(ShadowpodError):
@@ -61,14 +66,29 @@ class FenceOutcome:
     acked: int
 
 
+async def _until_idle(gate: SessionGate, timeout_s: float) -> None:
+    """Until the owner has acked everything released to it, or ``timeout_s`` passes.
+
+    Returns in the same turn of the event loop as the check: nothing is released in
+    between, so a fence closed right after finds the owner idle.
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            while gate.outstanding:
+                await gate.changed()
+
+
 def _marker(event: ControlEvent, epoch: int, reason: str, **detail: str | int) -> NewEntry:
     return NewEntry.of(ControlPayload(event=event, epoch=epoch, reason=reason, detail=dict(detail)))
 
 
 class ExchangeFence:
-    def __init__(self, store: JournalStore, gates: SessionGates) -> None:
+    def __init__(
+        self, store: JournalStore, gates: SessionGates, *, idle_wait_s: float = IDLE_WAIT_S
+    ) -> None:
         self._store = store
         self._gates = gates
+        self._idle_wait_s = idle_wait_s
 
     async def exchange(
         self, session: str, *, expect_epoch: int, new_owner: str, timeout_s: float
@@ -81,6 +101,10 @@ class ExchangeFence:
             fenced = await self._fence_and_mark(session, current, new_owner)
             # Only now does the gate hold inbound back: the two commits above are not
             # part of the pause of the messages it holds (they were still delivered).
+            # And it closes between two turns if one comes soon: what the owner was
+            # given is then all acked, so the held messages do not also wait out its
+            # last turns (the wait for quiescence below finds nothing to wait for).
+            await _until_idle(gate, min(self._idle_wait_s, timeout_s / 2))
             await gate.fence()
             started = time.monotonic()
             fenced_at = datetime.now(UTC)

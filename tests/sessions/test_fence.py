@@ -1,0 +1,98 @@
+"""The ExchangeFence closes the gate in a gap between the owner's turns when it can."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shadowpod.domain.entries import NewEntry
+from shadowpod.domain.ownership import Ownership
+from shadowpod.journal.sqlite.store import SQLiteJournalStore
+from shadowpod.sessions.fence import ExchangeFence
+from shadowpod.sessions.gates import SessionGate, SessionGates
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteJournalStore]:
+    async with SQLiteJournalStore(tmp_path / "j.db") as opened:
+        await opened.create_session("s")
+        await opened.compare_and_set_ownership("s", 0, Ownership(epoch=1, owner="a"))
+        yield opened
+
+
+class OldOwner:
+    """What the gateway's routes do for the owner at epoch 1: deliveries through the
+    gate, and its acks journaled and shown to the gate."""
+
+    def __init__(self, store: SQLiteJournalStore, gate: SessionGate) -> None:
+        self.store = store
+        self.gate = gate
+
+    async def message(self, content: str) -> int:
+        [appended] = await self.store.append(
+            "s", [NewEntry(kind="message", payload={"role": "user", "content": content})]
+        )
+        return appended.seq
+
+    async def deliver(self) -> int:
+        """The release watermark after offering it everything journaled."""
+        return self.gate.release(await self.store.read("s", 0, 1000), 1)
+
+    async def finish(self, turn: int) -> None:
+        await self.store.append("s", [NewEntry(kind="ack", payload={"turn": turn})], 1)
+        self.gate.acked([turn])
+
+
+async def _fence(
+    store: SQLiteJournalStore, idle_wait_s: float
+) -> tuple[SessionGate, OldOwner, ExchangeFence]:
+    gates = SessionGates(store)
+    gate = await gates.get("s")
+    return gate, OldOwner(store, gate), ExchangeFence(store, gates, idle_wait_s=idle_wait_s)
+
+
+async def test_the_gate_closes_once_the_owner_is_between_turns(
+    store: SQLiteJournalStore,
+) -> None:
+    gate, owner, fence = await _fence(store, idle_wait_s=5.0)
+    busy = await owner.message("a turn in progress")
+    assert await owner.deliver() == busy
+
+    exchange = asyncio.create_task(fence.exchange("s", expect_epoch=1, new_owner="b", timeout_s=10))
+    await asyncio.sleep(0.2)
+    # The owner is mid-turn: the gate stays open, and what arrives meanwhile still
+    # goes to it (it is the owner until the gap), instead of waiting out its turn.
+    assert not gate.fenced and not exchange.done()
+    meanwhile = await owner.message("arrives during the turn")
+    assert await owner.deliver() == meanwhile
+    await owner.finish(busy)
+    await asyncio.sleep(0.1)
+    assert not gate.fenced  # one turn to go
+    await owner.finish(meanwhile)
+
+    outcome = await asyncio.wait_for(exchange, 5)
+    assert outcome.epoch == 2 and outcome.acked == meanwhile
+    assert outcome.waited_s < 0.05  # closed in the gap: nothing left to wait for
+    assert (await store.get_ownership("s")).owner == "b"
+
+
+async def test_an_owner_without_a_gap_is_fenced_after_the_idle_wait(
+    store: SQLiteJournalStore,
+) -> None:
+    gate, owner, fence = await _fence(store, idle_wait_s=0.1)
+    busy = await owner.message("a long turn")
+    assert await owner.deliver() == busy
+
+    exchange = asyncio.create_task(fence.exchange("s", expect_epoch=1, new_owner="b", timeout_s=10))
+    await asyncio.sleep(0.3)
+    assert gate.fenced and not exchange.done()  # closed anyway; now waiting for the turn
+    held = await owner.message("held for the new owner")
+    assert await owner.deliver() == busy  # not released to the old owner
+    await owner.finish(busy)
+
+    outcome = await asyncio.wait_for(exchange, 5)
+    assert outcome.epoch == 2 and outcome.acked == busy
+    assert outcome.released_through == busy < held < outcome.fence_seq
