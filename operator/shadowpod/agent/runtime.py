@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import time
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from shadowpod.agent.app import Agent
 from shadowpod.agent.identity import Identity
 from shadowpod.agent.processes import ProcessRegistry
 from shadowpod.agent.promotion import CatchUp, Promotion
+from shadowpod.agent.restore import catch_up, restore
 from shadowpod.agent.settings import AgentSettings
 from shadowpod.agent.snapshots import Snapshotter
 from shadowpod.agent.turn import OwnerContext, Superseded, take_turn
@@ -45,11 +45,9 @@ from shadowpod.domain.payloads import (
     EntryKind,
 )
 from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.schema import load_state_json
 from shadowpod.domain.state import PendingInbound, SessionState
 
 logger = logging.getLogger(__name__)
-PAGE: Final = 10_000
 OWNER_WAIT_S: Final = 20.0
 BACKOFF_S: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 APPEND_RETRY_S: Final = 60.0
@@ -148,47 +146,12 @@ class AgentRuntime:
     # --- restoring and catching up ----------------------------------------------------
 
     async def _restore(self) -> None:
-        # The latest when no watermark is set (``None`` when there is none yet).
-        snapshot = await self.client.snapshot_document(self.session, self.settings.snapshot)
-        state = (
-            SessionState()
-            if snapshot is None
-            else load_state_json(snapshot.document_json, schema_version=snapshot.schema_version)
-        )
-        if state.agent.values:
-            # Fail now, before claiming readiness, if we cannot read the agent's state.
-            self.agent.migrate_state(dict(state.agent.values), state.agent.schema_version)
+        state = await restore(self.client, self.session, self.agent, self.settings.snapshot)
         self.folder = StateFolder(state)
-        # The restored state is most of what this process holds, for as long as it
-        # lives: moved out of the collector's sight now (after one collection, so no
-        # garbage goes with it), later full collections skip it. Otherwise the first
-        # one (20-60 ms for a long session) came during the catch-up, just before the
-        # fence, on the cores every session shares.
-        gc.collect()
-        gc.freeze()
         logger.info("restored", extra={"session": self.session, "watermark": state.watermark})
 
     async def _catch_up(self) -> None:
-        """Replay the journal since the snapshot in large pages (recorded outputs are
-        applied, never re-executed). The next page is fetched while this one is folded."""
-        started, applied = time.monotonic(), 0
-        after = self.folder.watermark
-        fetch = asyncio.create_task(self.client.journal(self.session, after=after, limit=PAGE))
-        while True:
-            entries, head = await fetch
-            if not entries:
-                break
-            after = entries[-1].seq
-            more = after < head
-            if more:
-                fetch = asyncio.create_task(
-                    self.client.journal(self.session, after=after, limit=PAGE)
-                )
-            self._apply(entries)
-            applied += len(entries)
-            if not more:
-                break
-        self.catchup = CatchUp(applied, time.monotonic() - started)
+        self.catchup = await catch_up(self.client, self.session, self.folder.watermark, self._apply)
 
     # --- shadow -----------------------------------------------------------------------
 

@@ -1,0 +1,71 @@
+"""How an instance gets the session's state before it serves: a snapshot, then the
+journal since it (DESIGN.md §3.5: state is a fold of the journal; a snapshot is only
+a shortcut).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Callable, Sequence
+from typing import Final
+
+from shadowpod.agent.app import Agent
+from shadowpod.agent.promotion import CatchUp
+from shadowpod.client.gateway import GatewayClient
+from shadowpod.domain.entries import JournalEntry
+from shadowpod.domain.schema import load_state_json
+from shadowpod.domain.state import SessionState
+
+PAGE: Final = 10_000
+
+
+async def restore(
+    client: GatewayClient, session: str, agent: Agent, watermark: int | None
+) -> SessionState:
+    """The state of the snapshot at ``watermark`` (the latest when ``None``; an empty
+    state when there is none yet), checked readable by ``agent``."""
+    snapshot = await client.snapshot_document(session, watermark)
+    state = (
+        SessionState()
+        if snapshot is None
+        else load_state_json(snapshot.document_json, schema_version=snapshot.schema_version)
+    )
+    if state.agent.values:
+        # Fail now, before claiming readiness, if we cannot read the agent's state.
+        agent.migrate_state(dict(state.agent.values), state.agent.schema_version)
+    # The restored state is most of what this process holds, for as long as it lives:
+    # moved out of the collector's sight now (after one collection, so no garbage goes
+    # with it), later full collections skip it. Otherwise the first one (20-60 ms for a
+    # long session) came during the catch-up, just before the fence, on the cores every
+    # session shares.
+    gc.collect()
+    gc.freeze()
+    return state
+
+
+async def catch_up(
+    client: GatewayClient,
+    session: str,
+    after: int,
+    apply: Callable[[Sequence[JournalEntry]], None],
+) -> CatchUp:
+    """Replay the journal after ``after`` in large pages through ``apply`` (recorded
+    outputs are applied, never re-executed). The next page is fetched while this one
+    is folded."""
+    started, applied = time.monotonic(), 0
+    fetch = asyncio.create_task(client.journal(session, after=after, limit=PAGE))
+    while True:
+        entries, head = await fetch
+        if not entries:
+            break
+        after = entries[-1].seq
+        more = after < head
+        if more:
+            fetch = asyncio.create_task(client.journal(session, after=after, limit=PAGE))
+        apply(entries)
+        applied += len(entries)
+        if not more:
+            break
+    return CatchUp(applied, time.monotonic() - started)
