@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Final, TypeVar
 
 from shadowpod.domain.errors import ShadowpodError
-from shadowpod.domain.ownership import FenceState, Ownership
+from shadowpod.engine.fence_checks import bumped_to_target, fence_found, lift_stale_fence
 from shadowpod.engine.ports import (
     FenceOutcomeUnknown,
     FencePause,
@@ -206,54 +206,17 @@ class MigrationEngine:
         # The fence first, the shadow after: an exchange whose answer was lost may still
         # be committing, and the gateway serializes it with the unfence. Stopping the
         # shadow first could leave the session owned by a stopped instance.
-        ownership = await self._lift_stale_fence(record)
-        if self._bumped_to_target(record, ownership):
+        ownership = await lift_stale_fence(self.control, record)
+        if bumped_to_target(record, ownership):
             note = "rollback found the epoch already bumped; finishing forward"
             return record.enter(
                 Phase.COMMITTED,
-                fence=self._fence_found(record, ownership),
+                fence=fence_found(record, ownership),
                 notes=[*record.notes, note],
             )
         if spec.strategy == "shadow":
             await self.runtime.stop(spec.target.name, grace_s=spec.policy.drain_grace_s)
         return record.enter(Phase.ROLLED_BACK)
-
-    def _bumped_to_target(self, record: MigrationRecord, ownership: Ownership) -> bool:
-        return (
-            record.source_epoch is not None
-            and ownership.epoch == record.source_epoch + 1
-            and ownership.owner == record.spec.target.name
-        )
-
-    @staticmethod
-    def _fence_found(record: MigrationRecord, ownership: Ownership) -> FenceInfo:
-        """The fence of an exchange that committed without the engine seeing its answer."""
-        return FenceInfo(
-            epoch=ownership.epoch,
-            fence_seq=ownership.fence_seq or 0,
-            waited_ms=0.0,
-            attempts=record.fence_attempts,
-        )
-
-    async def _lift_stale_fence(self, record: MigrationRecord) -> Ownership:
-        """The ownership once no fence of the source epoch is left standing.
-
-        A fence with no exchange behind it (its gateway call or its engine died) holds
-        the source's delivery back for good; lift it. If an exchange was in fact still
-        running and commits first, the unfence is refused — read again and see the bump.
-        """
-        session = record.spec.session
-        ownership = await self.control.ownership(session)
-        if ownership.fence is not FenceState.FENCED or ownership.epoch != record.source_epoch:
-            return ownership
-        try:
-            await self.control.unfence(session, expect_epoch=ownership.epoch)
-        except ShadowpodError:
-            ownership = await self.control.ownership(session)
-            if not self._bumped_to_target(record, ownership):
-                raise
-            return ownership
-        return await self.control.ownership(session)
 
     # --- shadow strategy --------------------------------------------------------------
 
@@ -302,11 +265,11 @@ class MigrationEngine:
     async def _fencing(self, record: MigrationRecord) -> MigrationRecord:
         spec, policy = record.spec, record.spec.policy
         assert record.source_epoch is not None
-        ownership = await self._lift_stale_fence(record)
-        if self._bumped_to_target(record, ownership):
+        ownership = await lift_stale_fence(self.control, record)
+        if bumped_to_target(record, ownership):
             # An earlier attempt committed but its answer was lost (or the engine
             # stopped before saving it): the fence succeeded.
-            return record.enter(Phase.COMMITTED, fence=self._fence_found(record, ownership))
+            return record.enter(Phase.COMMITTED, fence=fence_found(record, ownership))
         if ownership.epoch != record.source_epoch:
             raise StepFailed(
                 f"ownership of {spec.session!r} changed under the migration: epoch "
