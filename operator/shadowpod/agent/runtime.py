@@ -377,16 +377,24 @@ class AgentRuntime:
     # --- applying the journal ---------------------------------------------------------
 
     def _apply(self, batch: Sequence[JournalEntry]) -> None:
+        """Fold ``batch``; a control entry is acted on with the state right after it.
+
+        Runs of other entries are folded in one call: entry by entry, the folder's
+        per-call cost was an eighth of a catch-up's time.
+        """
         requested = False
-        for entry in batch:
-            self.folder.apply(entry)
+        folded = 0
+        for index, entry in enumerate(batch):
             if entry.kind != EntryKind.CONTROL:
                 continue
+            self.folder.apply_all(batch[folded : index + 1])
+            folded = index + 1
             event = entry.payload.get("event")
             if event == ControlEvent.EPOCH:
                 self._on_epoch(entry)
             elif event == ControlEvent.SNAPSHOT_REQUEST:
                 requested = True
+        self.folder.apply_all(batch[folded:])
         self.snapshots.applied(
             self.folder, len(batch), owner=self.mode == "owner", requested=requested
         )
