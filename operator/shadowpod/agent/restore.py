@@ -19,6 +19,9 @@ from shadowpod.domain.schema import load_state_json
 from shadowpod.domain.state import SessionState
 
 PAGE: Final = 10_000
+# The first page is small: nothing is folded while it is fetched, and the pages after
+# it are fetched while the one before is folded.
+FIRST_PAGE: Final = 1_000
 
 
 async def restore(
@@ -55,7 +58,7 @@ async def catch_up(
     outputs are applied, never re-executed). The next page is fetched while this one
     is folded."""
     started, applied = time.monotonic(), 0
-    fetch = asyncio.create_task(client.journal(session, after=after, limit=PAGE))
+    fetch = asyncio.create_task(client.journal(session, after=after, limit=FIRST_PAGE))
     while True:
         entries, head = await fetch
         if not entries:
