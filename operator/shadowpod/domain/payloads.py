@@ -12,10 +12,11 @@ them. That is how the journal records processing order, not only arrival order.
 
 from __future__ import annotations
 
+import copy
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, Final, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model
 
 
 class EntryKind(StrEnum):
@@ -210,3 +211,38 @@ def parse_payload(kind: str, payload: dict[str, Any]) -> Payload | None:
     """The typed payload of a known kind, or ``None`` for a kind this code doesn't know."""
     model = PAYLOAD_MODELS.get(kind)
     return None if model is None else model.model_validate(payload)
+
+
+def read_back_model(model: type[Payload]) -> type[Payload]:
+    """``model`` for payloads read back from the journal: a subclass whose free-form
+    JSON values (``meta``, ``args``, ``value``, ...) are taken as they are.
+
+    What the journal holds is JSON — parsed from JSON text, or checked when it was
+    appended — and pydantic checks a ``JsonValue`` with a Python call per value: for
+    a reply's ``meta`` that was 40% of validating it, and a shadow validates every
+    payload it folds. Everything else is checked as before (a wrong role or a missing
+    field still fails), and the result is still an instance of ``model``.
+    """
+    overrides: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        annotation = _json_values_as_they_are(field.annotation)
+        if annotation is not field.annotation:
+            taken = copy.copy(field)
+            taken.annotation = annotation
+            overrides[name] = (annotation, taken)
+    if not overrides:
+        return model
+    derived: type[Payload] = create_model(
+        f"{model.__name__}ReadBack", __base__=model, __module__=model.__module__, **overrides
+    )
+    return derived
+
+
+def _json_values_as_they_are(annotation: Any) -> Any:
+    if annotation is JsonValue:
+        return Any
+    if get_origin(annotation) is dict:
+        key, value = get_args(annotation)
+        unchecked = _json_values_as_they_are(value)
+        return annotation if unchecked is value else dict.__class_getitem__((key, unchecked))
+    return annotation

@@ -44,6 +44,7 @@ from shadowpod.domain.payloads import (
     StatePayload,
     ToolCallPayload,
     ToolResultPayload,
+    read_back_model,
 )
 from shadowpod.domain.state import (
     CallStatus,
@@ -143,8 +144,11 @@ class _Handler:
     ) -> None:
         self.model = model
         self.fn = fn
-        # The model's validator itself: ``model_validate`` adds a Python call per entry.
-        self.validate: Callable[[object], Payload] = model.__pydantic_validator__.validate_python
+        # The validator itself (``model_validate`` adds a Python call per entry), of the
+        # model as read back from the journal (JSON values not walked again).
+        self.validate: Callable[[object], Payload] = read_back_model(
+            model
+        ).__pydantic_validator__.validate_python
 
 
 def _start_turn(state: SessionState, turn: int | None) -> None:
