@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shadowpod.agent.snapshots import Snapshotter, periodic_offset, state_json
+from shadowpod.agent.snapshots import Snapshotter, periodic_offset, state_digest, state_json
 from shadowpod.domain.reducer import StateFolder
 from shadowpod.domain.schema import load_state, load_state_json
 from shadowpod.domain.state import AgentState, PendingInbound, SessionState
@@ -167,3 +167,20 @@ def test_the_fast_state_encoding_loads_back_to_the_same_state() -> None:
 def test_a_value_beyond_64_bits_is_still_encoded() -> None:
     state = SessionState(memory={"big": 2**70})
     assert SessionState.model_validate_json(state_json(state)) == state
+
+
+def test_the_digest_is_equal_for_equal_states_however_they_were_made() -> None:
+    """A promoted owner's state (restored from a snapshot, then folded) is checked
+    against a fold of the journal from scratch by this digest."""
+    document = json.loads((Path(__file__).parent.parent / "fixtures" / "state_v1.json").read_text())
+    state = load_state(document)
+    state.pending[12] = PendingInbound(seq=12, id="m12", kind="message", content="hi")
+    restored = load_state_json(state_json(state), schema_version=state.schema_version)
+    reordered = restored.model_copy(
+        update={"memory": dict(reversed(list(restored.memory.items()))) | {"b": 1, "a": 2}}
+    )
+    with_both = state.model_copy(update={"memory": state.memory | {"a": 2, "b": 1}})
+
+    assert state_digest(restored) == state_digest(state)
+    assert state_digest(reordered) == state_digest(with_both)  # key order does not count
+    assert state_digest(with_both) != state_digest(state)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shadowpod.domain.schema import state_digest
+from shadowpod.agent.snapshots import state_digest
 from shadowpod.domain.state import SessionState
 
 

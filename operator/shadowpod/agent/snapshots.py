@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
 import time
 import zlib
@@ -54,6 +56,25 @@ def state_json(state: SessionState) -> bytes:
         return orjson.dumps(state, default=_model_fields, option=_OPTIONS)
     except orjson.JSONEncodeError:
         return state.model_dump_json().encode()
+
+
+def state_digest(state: SessionState) -> str:
+    """A fingerprint of a state: equal digests, equal states (as stored).
+
+    The state encoded as ``state_json`` does, with every object's keys sorted: a
+    promoted owner is asked for it right after a migration, while it serves, and
+    pydantic's encoding plus a sorted ``json.dumps`` held its event loop for ~140 ms
+    at 30k transcript messages (this takes ~25 ms).
+    """
+    try:
+        canonical = orjson.dumps(
+            state, default=_model_fields, option=_OPTIONS | orjson.OPT_SORT_KEYS
+        )
+    except orjson.JSONEncodeError:  # as in state_json: what orjson cannot encode
+        canonical = json.dumps(
+            state.model_dump(mode="json"), sort_keys=True, separators=(",", ":")
+        ).encode()
+    return hashlib.sha256(canonical).hexdigest()
 
 
 def _model_fields(value: object) -> dict[str, Any]:

@@ -21,7 +21,6 @@ History:
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -147,9 +146,3 @@ def load_state_json(document_json: bytes | str, *, schema_version: int) -> Sessi
 def dump_state(state: SessionState) -> Document:
     document: Document = state.model_dump(mode="json")
     return document
-
-
-def state_digest(state: SessionState) -> str:
-    """A fingerprint of a state: equal digests, equal states (as stored)."""
-    canonical = json.dumps(dump_state(state), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from shadowpod.agent.snapshots import state_digest
 from shadowpod.api.models import ScheduleSpec
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry
 from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.schema import state_digest
 from shadowpod.domain.state import SessionState
 from shadowpod.engine.engine import MigrationEngine
 from shadowpod.engine.record import (
