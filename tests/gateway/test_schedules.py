@@ -4,7 +4,6 @@ keeps firing, without repeating a fire, after it restarts on the same journal.""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import re
 from datetime import datetime
 from typing import Any
@@ -72,11 +71,21 @@ async def test_fires_are_spaced_by_the_schedule_period(start_gateway: StartGatew
         await control.create_session(
             CreateSession(session="s", schedules=[ScheduleSpec(schedule_id="t", every_s=EVERY_S)])
         )
+        [set_entry] = (await control.events("s", kinds=["schedule"])).events[:1]
     fired = await fires(gateway.url, "s", 3)
 
-    times = [datetime.fromisoformat(e["ts"]) for e in fired]
-    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
-    assert all(EVERY_S * 0.5 <= gap <= EVERY_S * 3 for gap in gaps), gaps
+    # Fire n is due n periods after the schedule was set: never earlier, and on a
+    # loaded machine not much later (a late fire is not followed by a burst of others:
+    # the next is due at its own time, which may then be sooner than a period after;
+    # fires missed altogether are coalesced into the latest one due).
+    anchor = datetime.fromisoformat(set_entry["ts"])
+    assert set_entry["payload"]["op"] == "set"
+    numbers = fire_nos(fired)
+    assert numbers[0] >= 1 and numbers == sorted(set(numbers))
+    for entry in fired:
+        due = EVERY_S * entry["payload"]["fire_no"]
+        late = (datetime.fromisoformat(entry["ts"]) - anchor).total_seconds() - due
+        assert 0 <= late <= 5 * EVERY_S, (entry["payload"]["fire_no"], late)
 
 
 async def test_a_gateway_without_schedules_fires_nothing(start_gateway: StartGateway) -> None:
