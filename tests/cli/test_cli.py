@@ -135,6 +135,11 @@ def test_bench_migrate_prints_one_json_object_with_both_strategies() -> None:
     assert report["comparison"]["summary"]["succeeded"] == 1
     assert summary["client_pause_restart_over_shadow"] > 0
     assert set(report["targets"]) >= {"fence_pause_ms_p99", "total_s_p50", "invariants"}
+    assert set(report["targets"]) >= {"catchup_entries_per_s"}
+    # The client pause against stop-and-recreate is a goal: reported, not checked.
+    assert set(report["goals"]) == {"pause_ratio_min"}
+    assert report["goals"]["pause_ratio_min"]["target"] == 20.0
+    assert "pause_ratio_min" not in report["targets"]
     assert_machine_described(report["machine"])
 
 

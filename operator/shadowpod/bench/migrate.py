@@ -33,12 +33,16 @@ from shadowpod.engine.record import MigrationPolicy, Strategy
 from shadowpod.local.checks import summarise
 from shadowpod.local.scenario import LiveScenario, ScenarioReport
 
+# What the shadow strategy must reach at 1000 msg/s (``--check`` exits 1 on a miss) ...
 TARGETS_SHADOW: Final = {
     "fence_pause_ms_p99": 50.0,
     "total_s_p50": 2.0,
-    "pause_ratio_min": 20.0,
     "catchup_entries_per_s": 50_000.0,
 }
+# ... and what it aims for, reported as met or not but not checked: the client-visible
+# pause against the stop-and-recreate baseline's, measured in the same run.
+GOALS_SHADOW: Final = {"pause_ratio_min": 20.0}
+_LOWER_IS_BETTER: Final = {"fence_pause_ms_p99", "total_s_p50"}
 
 
 @dataclass(frozen=True)
@@ -273,25 +277,33 @@ async def run_migrate_bench(config: MigrateBenchConfig) -> dict[str, Any]:
     report["machine"] = machine.report()
     if config.strategy == "shadow":
         report["targets"] = _check_targets(report)
+        report["goals"] = _compare(_measured(report["summary"]), GOALS_SHADOW)
     return report
 
 
-def _check_targets(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    summary = report["summary"]
-    measured = {
+def _measured(summary: dict[str, Any]) -> dict[str, Any]:
+    return {
         "fence_pause_ms_p99": summary["fence_pause_ms"]["p99"],
         "total_s_p50": summary["total_s"]["p50"],
         "pause_ratio_min": summary.get("client_pause_restart_over_shadow"),
         "catchup_entries_per_s": summary["catchup_entries_per_s"],
     }
-    lower_is_better = {"fence_pause_ms_p99", "total_s_p50"}
+
+
+def _compare(measured: dict[str, Any], wanted: dict[str, float]) -> dict[str, dict[str, Any]]:
     result = {}
-    for name, target in TARGETS_SHADOW.items():
+    for name, target in wanted.items():
         value = measured[name]
         met = value is not None and (
-            value <= target if name in lower_is_better else value >= target
+            value <= target if name in _LOWER_IS_BETTER else value >= target
         )
         result[name] = {"target": target, "measured": value, "met": met}
+    return result
+
+
+def _check_targets(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    summary = report["summary"]
+    result = _compare(_measured(summary), TARGETS_SHADOW)
     invariants_ok = (
         summary["lost"] == 0 and summary["duplicated"] == 0 and summary["reordered"] == 0
     )

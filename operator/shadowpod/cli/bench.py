@@ -185,6 +185,9 @@ def _print_migrate(report: dict[str, Any]) -> None:
     for name, target in report.get("targets", {}).items():
         verdict = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
         facts.add_row(f"target {name}", f"{target['measured']} vs {target['target']} {verdict}")
+    for name, goal in report.get("goals", {}).items():
+        verdict = "[green]reached[/green]" if goal["met"] else "[yellow]not reached[/yellow]"
+        facts.add_row(f"goal {name}", f"{goal['measured']} vs {goal['target']} {verdict}")
     Console().print(facts)
     Console().print(f"machine: {_machine(report)}")
 
