@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from shadowpod.domain.entries import NewEntry
-from shadowpod.domain.ownership import Ownership
+from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 from shadowpod.sessions.fence import ExchangeFence
 from shadowpod.sessions.gates import SessionGate, SessionGates
@@ -96,3 +96,25 @@ async def test_an_owner_without_a_gap_is_fenced_after_the_idle_wait(
     outcome = await asyncio.wait_for(exchange, 5)
     assert outcome.epoch == 2 and outcome.acked == busy
     assert outcome.released_through == busy < held < outcome.fence_seq
+
+
+async def test_a_fence_abandoned_while_it_waits_for_a_gap_is_lifted(
+    store: SQLiteJournalStore,
+) -> None:
+    """The caller going away (its request cancelled) must not leave the session fenced."""
+    gate, owner, fence = await _fence(store, idle_wait_s=5.0)
+    busy = await owner.message("a turn in progress")
+    assert await owner.deliver() == busy
+    exchange = asyncio.create_task(fence.exchange("s", expect_epoch=1, new_owner="b", timeout_s=10))
+    await asyncio.sleep(0.2)
+    assert (await store.get_ownership("s")).fence is FenceState.FENCED  # recorded, waiting
+
+    exchange.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await exchange
+
+    ownership = await store.get_ownership("s")
+    assert (ownership.epoch, ownership.owner, ownership.fence) == (1, "a", FenceState.OPEN)
+    assert not gate.fenced
+    markers = [e.payload["event"] for e in await store.read("s", busy, 10) if e.kind == "control"]
+    assert markers == ["fence", "unfence"]

@@ -99,17 +99,18 @@ class ExchangeFence:
             if current.epoch != expect_epoch:
                 raise EpochConflict(session, expected=expect_epoch, current=current)
             fenced = await self._fence_and_mark(session, current, new_owner)
-            # Only now does the gate hold inbound back: the two commits above are not
-            # part of the pause of the messages it holds (they were still delivered).
-            # And it closes between two turns if one comes soon: what the owner was
-            # given is then all acked, so the held messages do not also wait out its
-            # last turns (the wait for quiescence below finds nothing to wait for).
-            await _until_idle(gate, min(self._idle_wait_s, timeout_s / 2))
-            await gate.fence()
-            started = time.monotonic()
-            fenced_at = datetime.now(UTC)
             committed = False
             try:
+                # Only now does the gate hold inbound back: the two commits above are
+                # not part of the pause of the messages it holds (they were still
+                # delivered). And it closes between two turns if one comes soon: what
+                # the owner was given is then all acked, so the held messages do not
+                # also wait out its last turns (the wait for quiescence below finds
+                # nothing to wait for).
+                await _until_idle(gate, min(self._idle_wait_s, timeout_s / 2))
+                await gate.fence()
+                started = time.monotonic()
+                fenced_at = datetime.now(UTC)
                 target = gate.released_through
                 acked = await self._wait_quiescent(session, gate, target, timeout_s)
                 quiet = time.monotonic()
