@@ -19,9 +19,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from shadowpod.domain.entries import JournalEntry, NewEntry
@@ -67,12 +66,6 @@ class Snapshot:
 
     info: SnapshotInfo
     document_json: bytes
-
-    def document(self) -> dict[str, Any]:
-        """The document parsed (for callers that want it as objects)."""
-        document = orjson.loads(self.document_json)
-        assert isinstance(document, dict)
-        return document
 
 
 class Retention(BaseModel):
