@@ -3,24 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
+from dataclasses import dataclass
 
 import pytest
 
 from shadowpod.domain.entries import NewEntry
-from shadowpod.domain.ownership import FenceState, Ownership
+from shadowpod.domain.ownership import FenceState
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
-from shadowpod.sessions.fence import ExchangeFence
+from shadowpod.sessions.fence import ExchangeFence, FenceOutcome
 from shadowpod.sessions.gates import SessionGate, SessionGates
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SQLiteJournalStore]:
-    async with SQLiteJournalStore(tmp_path / "j.db") as opened:
-        await opened.create_session("s")
-        await opened.compare_and_set_ownership("s", 0, Ownership(epoch=1, owner="a"))
-        yield opened
 
 
 class OldOwner:
@@ -46,22 +37,31 @@ class OldOwner:
         self.gate.acked([turn])
 
 
-async def _fence(
-    store: SQLiteJournalStore, idle_wait_s: float
-) -> tuple[SessionGate, OldOwner, ExchangeFence]:
+@dataclass
+class Fencing:
+    gate: SessionGate
+    owner: OldOwner
+    busy: int  # the turn the owner is in when the fence starts
+    exchange: asyncio.Task[FenceOutcome]
+
+
+async def _fence_a_busy_owner(store: SQLiteJournalStore, idle_wait_s: float) -> Fencing:
+    """An exchange to ``b`` started while the owner is in a turn."""
     gates = SessionGates(store)
     gate = await gates.get("s")
-    return gate, OldOwner(store, gate), ExchangeFence(store, gates, idle_wait_s=idle_wait_s)
+    owner = OldOwner(store, gate)
+    busy = await owner.message("a turn in progress")
+    assert await owner.deliver() == busy
+    fence = ExchangeFence(store, gates, idle_wait_s=idle_wait_s)
+    exchange = asyncio.create_task(fence.exchange("s", expect_epoch=1, new_owner="b", timeout_s=10))
+    return Fencing(gate, owner, busy, exchange)
 
 
 async def test_the_gate_closes_once_the_owner_is_between_turns(
     store: SQLiteJournalStore,
 ) -> None:
-    gate, owner, fence = await _fence(store, idle_wait_s=5.0)
-    busy = await owner.message("a turn in progress")
-    assert await owner.deliver() == busy
-
-    exchange = asyncio.create_task(fence.exchange("s", expect_epoch=1, new_owner="b", timeout_s=10))
+    fencing = await _fence_a_busy_owner(store, idle_wait_s=5.0)
+    gate, owner, busy, exchange = fencing.gate, fencing.owner, fencing.busy, fencing.exchange
     await asyncio.sleep(0.2)
     # The owner is mid-turn: the gate stays open, and what arrives meanwhile still
     # goes to it (it is the owner until the gap), instead of waiting out its turn.
@@ -82,11 +82,8 @@ async def test_the_gate_closes_once_the_owner_is_between_turns(
 async def test_an_owner_without_a_gap_is_fenced_after_the_idle_wait(
     store: SQLiteJournalStore,
 ) -> None:
-    gate, owner, fence = await _fence(store, idle_wait_s=0.1)
-    busy = await owner.message("a long turn")
-    assert await owner.deliver() == busy
-
-    exchange = asyncio.create_task(fence.exchange("s", expect_epoch=1, new_owner="b", timeout_s=10))
+    fencing = await _fence_a_busy_owner(store, idle_wait_s=0.1)
+    gate, owner, busy, exchange = fencing.gate, fencing.owner, fencing.busy, fencing.exchange
     await asyncio.sleep(0.3)
     assert gate.fenced and not exchange.done()  # closed anyway; now waiting for the turn
     held = await owner.message("held for the new owner")
@@ -102,10 +99,8 @@ async def test_a_fence_abandoned_while_it_waits_for_a_gap_is_lifted(
     store: SQLiteJournalStore,
 ) -> None:
     """The caller going away (its request cancelled) must not leave the session fenced."""
-    gate, owner, fence = await _fence(store, idle_wait_s=5.0)
-    busy = await owner.message("a turn in progress")
-    assert await owner.deliver() == busy
-    exchange = asyncio.create_task(fence.exchange("s", expect_epoch=1, new_owner="b", timeout_s=10))
+    fencing = await _fence_a_busy_owner(store, idle_wait_s=5.0)
+    gate, busy, exchange = fencing.gate, fencing.busy, fencing.exchange
     await asyncio.sleep(0.2)
     assert (await store.get_ownership("s")).fence is FenceState.FENCED  # recorded, waiting
 

@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
 from shadowpod.domain.entries import JournalEntry, NewEntry
 from shadowpod.domain.ownership import Ownership
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 from shadowpod.sessions.gates import SessionGates, Superseded
-
-
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SQLiteJournalStore]:
-    async with SQLiteJournalStore(tmp_path / "j.db") as opened:
-        await opened.create_session("s")
-        await opened.compare_and_set_ownership("s", 0, Ownership(epoch=1, owner="a"))
-        yield opened
 
 
 async def _inbound(store: SQLiteJournalStore, count: int) -> list[JournalEntry]:
