@@ -1,11 +1,9 @@
 """The agent runtime: owner mode, shadow mode, promotion, draining.
 
 State is always the fold of the journal, in seq order, applied as the journal comes
-in (a shadow tails the whole journal; an owner reads the gated owner stream). An
-owner processes the lowest pending inbound entry, journals the turn's outputs and
-ack in one append (quick turns queued behind each other share one), and takes the
-next turn only once the journal has come back past that ack — so every turn sees
-exactly the state the journal says it saw.
+in (a shadow tails the whole journal; an owner reads the gated owner stream). The
+owner's turn-taking is ``shadowpod.agent.owner``; restoring and catching up,
+``shadowpod.agent.restore``.
 
 A shadow restores a snapshot, catches up, and keeps applying entries — recorded
 outputs are applied, never re-executed. When it applies an ``epoch`` marker naming
@@ -24,39 +22,32 @@ import time
 from collections.abc import Sequence
 from typing import Final, Literal
 
-import aiohttp
-
-from shadowpod.agent.adoption import adoption_entries
 from shadowpod.agent.app import Agent
 from shadowpod.agent.identity import Identity
+from shadowpod.agent.owner import TRANSIENT, OwnerLoop
 from shadowpod.agent.processes import ProcessRegistry
 from shadowpod.agent.promotion import CatchUp, Promotion
 from shadowpod.agent.restore import catch_up, restore
 from shadowpod.agent.settings import AgentSettings
 from shadowpod.agent.snapshots import Snapshotter
-from shadowpod.agent.turn import OwnerContext, Superseded, take_turn
-from shadowpod.agent.turn_group import TurnGroup
 from shadowpod.api.models import DrainReport, ProcessReport
-from shadowpod.client.channel import ChannelClosed, OwnerChannelClient
+from shadowpod.client.channel import OwnerChannelClient
 from shadowpod.client.gateway import GatewayClient, GatewayError
-from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.entries import JournalEntry
 from shadowpod.domain.payloads import (
     ControlEvent,
     EntryKind,
 )
 from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.state import PendingInbound, SessionState
+from shadowpod.domain.state import SessionState
 
 logger = logging.getLogger(__name__)
-OWNER_WAIT_S: Final = 20.0
 BACKOFF_S: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
-APPEND_RETRY_S: Final = 60.0
-TRANSIENT: Final = (aiohttp.ClientError, asyncio.TimeoutError)
 
 Mode = Literal["starting", "shadow", "owner", "draining", "stopped", "failed"]
 
 
-class AgentRuntime:
+class AgentRuntime(OwnerLoop):
     def __init__(self, agent: Agent, settings: AgentSettings) -> None:
         if agent.message_handler is None:
             raise ValueError(f"agent {agent.name!r} has no @on_message handler")
@@ -179,200 +170,6 @@ class AgentRuntime:
                     "since_marker_ms": round((time.time() - self.promotion.at) * 1000, 1),
                 },
             )
-
-    # --- owner ------------------------------------------------------------------------
-
-    async def _own(self) -> None:
-        """Take turns while there is released work; otherwise wait for deliveries.
-
-        Deliveries and appends go over the owner channel (one WebSocket); entries are
-        applied only between turns, so a turn's view of the state never changes.
-        """
-        failures = 0
-        adopting = self._adopt_at_once()
-        try:
-            while not (self._superseded or self._stopping):
-                try:
-                    async with OwnerChannelClient(
-                        self.client, self.session, epoch=self.epoch, after=self.folder.watermark
-                    ) as channel:
-                        self._channel = channel
-                        failures = 0
-                        if adopting is not None:
-                            task, adopting = adopting, None
-                            await task  # its turns ran while the channel opened
-                        await self._serve(channel)
-                except ChannelClosed as exc:
-                    if exc.superseded:
-                        self._superseded = True
-                    else:
-                        failures = await self._backoff(failures, exc)
-                except Superseded:
-                    self._superseded = True
-                except GatewayError as exc:
-                    if exc.reason == "Fenced":
-                        self._superseded = True
-                    elif exc.status in (401, 404):
-                        raise
-                    else:
-                        failures = await self._backoff(failures, exc)
-                except TRANSIENT as exc:
-                    failures = await self._backoff(failures, exc)
-                finally:
-                    self._channel = None
-        finally:
-            if adopting is not None:
-                adopting.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await adopting
-
-    def _adopt_at_once(self) -> asyncio.Task[None] | None:
-        """A promoted shadow starts the turns a fence held back before its owner
-        channel is open: it already has them (they precede the epoch marker in the tail
-        it followed), and the gate released every inbound entry before the marker to
-        the new epoch. Their append goes over plain HTTP if the channel is not up yet.
-        Saves the channel's handshake and first delivery from the fence pause."""
-        if self.promotion is None:
-            return None
-        self._released = max(self._released, self.promotion.fence_seq)
-        return asyncio.create_task(self._become_owner(), name="adopt-session")
-
-    async def _serve(self, channel: OwnerChannelClient) -> None:
-        """Take turns while there is released work; otherwise wait for deliveries."""
-        while not (self._superseded or self._stopping):
-            self._take(channel)
-            if not self._adopted:
-                await self._become_owner()
-            elif (inbound := self._next_inbound(self.folder.peek())) is not None:
-                await self._turns(TurnGroup(self.folder.peek(), self.epoch, self._append), inbound)
-            else:
-                await channel.wait(OWNER_WAIT_S)
-
-    def _take(self, channel: OwnerChannelClient) -> None:
-        for delivery in channel.take():
-            self._apply(delivery.entries)
-            self._released = max(self._released, delivery.released)
-
-    def _next_inbound(self, state: SessionState) -> PendingInbound | None:
-        """The next turn: the lowest pending inbound entry the gateway released to us,
-        once the journal has caught up with our own last append."""
-        if state.watermark < self._awaiting or not state.pending:
-            return None
-        inbound = next(iter(state.pending.values()))
-        return inbound if inbound.seq <= self._released else None
-
-    async def _become_owner(self) -> None:
-        """Adopt the session: agent-state migration, uncertain calls, the on_owner hook.
-
-        What adopting writes goes out with the first turns waiting (those a fence held
-        back): one append, not two, before their clients hear back. The turns see the
-        state as adopted.
-        """
-        state = self.folder.peek()
-        entries = adoption_entries(self.agent, state, self.epoch)
-        group = TurnGroup(state, self.epoch, self._append)
-        if entries:
-            state = group.hold(entries)
-        if (inbound := self._next_inbound(state)) is not None:
-            await self._turns(group, inbound)
-        else:
-            await group.flush()
-        self._adopted = True
-        logger.info(
-            "serving as owner",
-            extra={
-                "session": self.session,
-                "epoch": self.epoch,
-                "pending": len(self.folder.peek().pending),
-                "since_marker_ms": None
-                if self.promotion is None
-                else round((time.time() - self.promotion.at) * 1000, 1),
-            },
-        )
-        if self.agent.owner_hook is not None:
-            # Background work the agent starts as owner must not hold up the turns the
-            # session has been waiting for (a migration's buffered messages).
-            self._hook = asyncio.create_task(self._owner_hook(), name="on-owner")
-
-    async def _owner_hook(self) -> None:
-        assert self.agent.owner_hook is not None
-        context = OwnerContext(
-            agent=self.agent,
-            state=self.folder.view(),
-            epoch=self.epoch,
-            instance=self.identity.instance,
-            append=self._append,
-            processes=self.processes,
-        )
-        try:
-            await self.agent.owner_hook(context)
-            if outputs := context.take_outputs():
-                await self._append(outputs)
-        except Superseded:
-            pass
-        except Exception:
-            logger.exception("the on_owner hook failed", extra={"session": self.session})
-
-    async def _turns(self, group: TurnGroup, inbound: PendingInbound) -> None:
-        """Take ``inbound``'s turn, and the turns queued behind it while they are quick;
-        their outputs are journaled together (see ``shadowpod.agent.turn_group``)."""
-        self._in_turn = True
-        try:
-            while True:
-                outputs = await take_turn(
-                    self.agent,
-                    inbound,
-                    group,
-                    epoch=self.epoch,
-                    instance=self.identity.instance,
-                    processes=self.processes,
-                )
-                group.ended(outputs)
-                self.turns += 1
-                if not group.can_take_more():
-                    break
-                next_inbound = self._next_inbound(group.fold_ahead(outputs))
-                if next_inbound is None:
-                    break
-                inbound = next_inbound
-            await group.flush()
-        finally:
-            self._in_turn = False
-
-    async def _append(self, entries: Sequence[NewEntry]) -> list[int]:
-        """Journal at our epoch; retried (same ids, so never doubled) while the gateway
-        is away. Our entries come back through the channel like everyone else's."""
-        deadline = time.monotonic() + APPEND_RETRY_S
-        failures = 0
-        while True:
-            try:
-                if self._channel is not None:
-                    seqs = [seq for seq, _, _ in await self._channel.append(entries)]
-                else:
-                    appended, _, _ = await self.client.append(
-                        self.session, epoch=self.epoch, entries=entries
-                    )
-                    seqs = [a.seq for a in appended]
-            except GatewayError as exc:
-                if exc.reason == "Fenced":
-                    self._superseded = True
-                    raise Superseded(str(exc)) from None
-                if exc.status < 500 or time.monotonic() > deadline:
-                    raise
-                failures = await self._backoff(failures, exc)
-            except ChannelClosed as exc:
-                if exc.superseded:
-                    self._superseded = True
-                    raise Superseded(str(exc)) from None
-                self._channel = None  # retried over HTTP; the loop reconnects the channel
-                failures = await self._backoff(failures, exc)
-            except TRANSIENT as exc:
-                if time.monotonic() > deadline:
-                    raise
-                failures = await self._backoff(failures, exc)
-            else:
-                self._awaiting = max([self._awaiting, *seqs])
-                return seqs
 
     # --- applying the journal ---------------------------------------------------------
 
