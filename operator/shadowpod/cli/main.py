@@ -6,6 +6,7 @@ import click
 
 from shadowpod import __version__
 from shadowpod.cli.bench import bench
+from shadowpod.cli.crds import crds
 from shadowpod.cli.demo import demo
 from shadowpod.cli.gateway import gateway
 
@@ -19,6 +20,7 @@ def cli() -> None:
 cli.add_command(bench)
 cli.add_command(gateway)
 cli.add_command(demo)
+cli.add_command(crds)
 
 
 def main() -> None:

@@ -1,0 +1,353 @@
+"""``AgentSession``: one long-running agent session, served by one owner pod at a time."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, ClassVar, Final, Literal
+
+from pydantic import ConfigDict, Field, StringConstraints, field_validator
+
+from shadowpod.kube.models.base import (
+    ATOMIC_LIST,
+    DEFAULT_OBJECT,
+    DNS1123_LABEL,
+    Int64,
+    Integer,
+    KubeModel,
+    Rule,
+    Time,
+    list_map,
+    validations,
+)
+from shadowpod.kube.models.conditions import Condition, one_per_type
+from shadowpod.kube.models.core import (
+    DataKey,
+    EnvVar,
+    ObjectName,
+    Quantity,
+    ResourceRequirements,
+)
+from shadowpod.kube.models.resource import AGE, CustomResource, PrinterColumn, ResourceDefinition
+from shadowpod.kube.models.v1alpha1.migration import MigrationResult
+from shadowpod.kube.models.v1alpha1.policy import MigrationPolicy
+from shadowpod.kube.models.v1alpha1.version import API_VERSION, CATEGORIES, GROUP, VERSION
+
+# An image reference; the operator parses it (the API server cannot) and says so in a
+# condition when it does not.
+Image = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^\S+$")]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=63, pattern=DNS1123_LABEL)]
+Argument = Annotated[str, StringConstraints(max_length=4096)]
+Principle = Annotated[str, StringConstraints(min_length=1, max_length=1024)]
+
+# The operator mounts identity files and credentials under this directory.
+RUNTIME_DIR: Final = "/var/run/shadowpod"
+
+
+class SecretReference(KubeModel):
+    """A Secret in the session's namespace, or one key of it."""
+
+    name: ObjectName = Field(description="The Secret's name.")
+    key: DataKey | None = Field(
+        default=None,
+        description="Mount only this key, as a file named after the credential; without it"
+        " every key of the Secret is mounted, a file each.",
+    )
+
+
+class Credential(KubeModel):
+    """A credential the agent needs (an API key, a token), mounted from a Secret into
+    /var/run/shadowpod/credentials/<name>. Never journaled nor snapshotted; a
+    migration's shadow must have every one mounted before it may take over."""
+
+    name: Name = Field(description="What the agent calls it; unique in the session.")
+    secret_ref: SecretReference
+
+
+class EmptyDirMemory(KubeModel):
+    """A volume as long-lived as the pod: on a move the agent rebuilds it from the
+    snapshot and the journal."""
+
+    medium: Literal["", "Memory"] = Field(default="", description='"" (node disk) or Memory.')
+    size_limit: Quantity | None = Field(default=None, description="The most it may hold.")
+
+
+class ClaimMemory(KubeModel):
+    """An existing PersistentVolumeClaim, shared by the owner and its shadow during a move:
+    it must be ReadWriteMany for the session to move between nodes."""
+
+    claim_name: ObjectName
+
+
+class MemoryVolume(KubeModel):
+    """A volume for the agent's files (persistent memory, scratch space)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            Rule(
+                "has(self.emptyDir) != has(self.persistentVolumeClaim)",
+                "memory takes one volume: set emptyDir or persistentVolumeClaim",
+            ),
+            Rule(
+                "!self.mountPath.contains('/../') && !self.mountPath.endsWith('/..')"
+                f" && !self.mountPath.startsWith('{RUNTIME_DIR}')",
+                f"memory.mountPath must not contain '..' nor lie under {RUNTIME_DIR}"
+                " (the operator's identity and credential files): choose another directory",
+                field_path=".mountPath",
+            ),
+        )
+    )
+
+    mount_path: str = Field(
+        default="/var/lib/shadowpod/memory",
+        max_length=1024,
+        pattern=r"^(/[^/]+)+$",
+        description="Where the volume appears in the agent container (an absolute path).",
+    )
+    empty_dir: EmptyDirMemory | None = None
+    persistent_volume_claim: ClaimMemory | None = None
+
+
+class Identity(KubeModel):
+    """Who the agent is, given to it as files (downward API) and re-read after every move."""
+
+    name: str = Field(min_length=1, max_length=128, description="The agent's name.")
+    principles: list[Principle] = Field(
+        default_factory=list,
+        max_length=32,
+        json_schema_extra=ATOMIC_LIST,
+        description="Rules the agent keeps, in order.",
+    )
+
+
+class Schedule(KubeModel):
+    """A recurring task. It belongs to the session, not to a pod: Shadowpod journals each
+    firing as an inbound message, exactly once, whichever pod owns the session."""
+
+    name: Name = Field(description="Unique in the session.")
+    every_seconds: Integer = Field(ge=1, le=31_536_000, description="The period (at most a year).")
+    message: str = Field(min_length=1, max_length=16384, description="What the agent receives.")
+
+
+class CheckpointPolicy(KubeModel):
+    """State snapshots the owner takes: a restore or a migration starts from the latest."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            Rule(
+                "self.intervalEntries == 0 || self.intervalEntries >= 100",
+                "checkpoint.intervalEntries is 0 (never) or at least 100: each snapshot"
+                " writes the whole session state",
+                field_path=".intervalEntries",
+            )
+        )
+    )
+
+    interval_entries: Integer = Field(
+        default=10_000,
+        ge=0,
+        le=10_000_000,
+        description="Take a snapshot every this many journal entries (0: never).",
+    )
+    retain_snapshots: Integer = Field(
+        default=3,
+        ge=1,
+        le=100,
+        description="Snapshots kept; the journal they cover is truncated (never past the"
+        " last processed message).",
+    )
+
+
+class JournalRetention(StrEnum):
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
+class JournalRetentionPolicy(KubeModel):
+    """What becomes of the session's journal and snapshots when the AgentSession is deleted
+    (as a StatefulSet's persistentVolumeClaimRetentionPolicy)."""
+
+    when_deleted: JournalRetention = Field(
+        default=JournalRetention.RETAIN,
+        description="Retain (the gateway keeps them; a new AgentSession of the same name"
+        " resumes the session) or Delete.",
+    )
+
+
+class AgentSessionSpec(KubeModel):
+    """The session's agent: the container it runs in and how it is moved. Changing
+    image starts a live migration to the new image."""
+
+    image: Image = Field(description="The agent's container image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="As in a pod: Always, IfNotPresent or Never."
+    )
+    command: list[Argument] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra=ATOMIC_LIST,
+        description="The entrypoint; the image's when empty.",
+    )
+    args: list[Argument] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra=ATOMIC_LIST,
+        description="Arguments to the entrypoint.",
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        json_schema_extra=list_map("name"),
+        description="Environment variables, as in a pod.",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements, description="CPU, memory … as in a pod."
+    )
+    credentials: list[Credential] = Field(
+        default_factory=list,
+        max_length=32,
+        json_schema_extra=list_map("name"),
+        description="Secrets the agent needs, mounted into every pod of the session.",
+    )
+    memory: MemoryVolume | None = Field(default=None, description="A volume for the agent's files.")
+    identity: Identity | None = None
+    schedules: list[Schedule] = Field(
+        default_factory=list, max_length=32, json_schema_extra=list_map("name")
+    )
+    migration: MigrationPolicy = Field(
+        default_factory=MigrationPolicy, json_schema_extra=DEFAULT_OBJECT
+    )
+    checkpoint: CheckpointPolicy = Field(
+        default_factory=CheckpointPolicy, json_schema_extra=DEFAULT_OBJECT
+    )
+    journal_retention_policy: JournalRetentionPolicy = Field(
+        default_factory=JournalRetentionPolicy, json_schema_extra=DEFAULT_OBJECT
+    )
+
+
+class SessionPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    MIGRATING = "Migrating"
+    PAUSED = "Paused"
+    FAILED = "Failed"
+
+
+class JournalStatus(KubeModel):
+    """Where the session's journal stands, as the gateway last reported it."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            Rule(
+                "self.ackedSeq <= self.headSeq",
+                "journal.ackedSeq cannot be past journal.headSeq: report both from one"
+                " gateway answer",
+            )
+        )
+    )
+
+    head_seq: Int64 = Field(default=0, description="The last entry's seq.")
+    acked_seq: Int64 = Field(default=0, description="The last inbound seq the owner processed.")
+    latest_snapshot_seq: Int64 | None = Field(
+        default=None, description="The watermark of the latest snapshot."
+    )
+
+
+class MigrationSummary(KubeModel):
+    """The session's latest AgentMigration, in short."""
+
+    name: ObjectName = Field(description="The AgentMigration.")
+    reason: str | None = Field(default=None, max_length=64)
+    result: MigrationResult | None = Field(
+        default=None, description="Succeeded, RolledBack or Failed; unset while it runs."
+    )
+    source_image: str | None = Field(default=None, max_length=512)
+    target_image: str | None = Field(default=None, max_length=512)
+    start_time: Time | None = None
+    completion_time: Time | None = None
+    duration_milliseconds: Int64 | None = None
+    fence_pause_milliseconds: Int64 | None = Field(
+        default=None, description="How long the first held-back message waited."
+    )
+
+
+class SessionCondition(Condition):
+    """Ready (an owner serves), Migrating (an AgentMigration runs), Degraded
+    (something needs attention: the message says what)."""
+
+    type: Literal["Ready", "Migrating", "Degraded"]
+
+
+class AgentSessionStatus(KubeModel):
+    """The session as last observed."""
+
+    observed_generation: Int64 | None = Field(
+        default=None, description="The metadata.generation this status was written for."
+    )
+    phase: SessionPhase = Field(
+        default=SessionPhase.PENDING, description="Pending, Running, Migrating, Paused or Failed."
+    )
+    epoch: Int64 | None = Field(
+        default=None, description="The owner generation: it grows by one with every new owner."
+    )
+    owner_pod: str | None = Field(default=None, max_length=253, description="The owner pod.")
+    node_name: str | None = Field(default=None, max_length=253, description="The owner's node.")
+    image: str | None = Field(default=None, max_length=512, description="The owner's image.")
+    journal: JournalStatus | None = None
+    active_migration: str | None = Field(
+        default=None, max_length=253, description="The AgentMigration in progress, if any."
+    )
+    last_migration: MigrationSummary | None = None
+    conditions: list[SessionCondition] = Field(
+        default_factory=list, max_length=3, json_schema_extra=list_map("type")
+    )
+
+    _one_per_type = field_validator("conditions")(one_per_type)
+
+
+class AgentSession(CustomResource):
+    """A long-running agent session. Shadowpod runs it in one owner pod at a time and
+    moves it live — to a new image when spec.image changes, or to another node —
+    with no message lost or processed twice."""
+
+    definition: ClassVar[ResourceDefinition] = ResourceDefinition(
+        group=GROUP,
+        version=VERSION,
+        kind="AgentSession",
+        plural="agentsessions",
+        short_names=("ags",),
+        categories=CATEGORIES,
+        columns=(
+            PrinterColumn("Phase", "string", ".status.phase", "Where the session stands."),
+            PrinterColumn("Image", "string", ".status.image", "The image the owner runs."),
+            PrinterColumn("Epoch", "integer", ".status.epoch", "The owner generation."),
+            PrinterColumn("Owner", "string", ".status.ownerPod", "The pod that owns the session."),
+            PrinterColumn(
+                "Ready",
+                "string",
+                '.status.conditions[?(@.type=="Ready")].status',
+                "Whether an owner serves the session.",
+            ),
+            AGE,
+            PrinterColumn("Node", "string", ".status.nodeName", "The owner's node.", priority=1),
+            PrinterColumn("Desired", "string", ".spec.image", "The image asked for.", priority=1),
+            PrinterColumn(
+                "Message",
+                "string",
+                '.status.conditions[?(@.type=="Ready")].message',
+                "Why the session is or is not ready.",
+                priority=1,
+            ),
+        ),
+        rules=(
+            Rule(
+                "size(self.metadata.name) <= 63",
+                "an AgentSession's name is at most 63 characters: it labels the session's pods"
+                " and a label value is at most 63; choose a shorter name",
+            ),
+        ),
+    )
+
+    api_version: Literal["shadowpod.dev/v1alpha1"] = API_VERSION
+    kind: Literal["AgentSession"] = "AgentSession"
+    spec: AgentSessionSpec
+    status: AgentSessionStatus | None = None
