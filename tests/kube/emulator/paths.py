@@ -13,7 +13,7 @@ TRUE_WORDS = frozenset({"1", "t", "T", "true", "TRUE", "True"})  # Go's strconv.
 @dataclass(frozen=True)
 class ApiPath:
     group: str
-    version: str
+    version: str | None
     plural: str | None = None
     namespace: str | None = None
     name: str | None = None
@@ -24,6 +24,8 @@ def parse(path: str) -> ApiPath | None:
     parts = [part for part in path.strip("/").split("/") if part]
     if len(parts) >= 2 and parts[0] == "api":
         group, version, rest = "", parts[1], parts[2:]
+    elif len(parts) == 2 and parts[0] == "apis":
+        return ApiPath(parts[1], None)  # a group's discovery document
     elif len(parts) >= 3 and parts[0] == "apis":
         group, version, rest = parts[1], parts[2], parts[3:]
     else:

@@ -100,6 +100,7 @@ BUILTINS: tuple[ServedResource, ...] = (
         subresources=["status", "binding", "eviction", "log"],
         short_names=["po"],
     ),
+    _builtin("", "v1", "bindings", "Binding"),
     _builtin("", "v1", "secrets", "Secret"),
     _builtin("", "v1", "configmaps", "ConfigMap", short_names=["cm"]),
     _builtin("", "v1", "services", "Service", subresources=["status"], short_names=["svc"]),

@@ -154,13 +154,14 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         action: kmock.action | None = None
         resource = None
         if api is not None:
-            resource = kmock.resource(api.group, api.version, api.plural)
+            resource = kmock.resource(group=api.group, version=api.version, plural=api.plural)
             if api.plural is not None:
                 action = self._action(method, api, query)
         return kmock.Request(
             id=len(self._requests),
             raw_request=raw_request,
-            url=raw_request.url,
+            # A real server answers /apis/ as /apis (kubernetes_asyncio asks for /apis/).
+            url=raw_request.url.with_path(raw_request.path.rstrip("/") or "/"),
             method=raw_request.method,
             params=query,
             headers=dict(raw_request.headers),
@@ -198,6 +199,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         # Here a write happens only when no test reaction answered the request instead.
         return await kmock.RawHandler._handle(self, request)
 
+    async def _serve_version(self, request: kmock.Request) -> kmock.Payload:
+        found: dict[str, Any] = await kmock.KubernetesScaffold._serve_version(self, request)
+        found["groupVersion"] = found["groupVersion"].removeprefix("/")  # "v1", not "/v1"
+        return found
+
     def _get_resources(self) -> list[kmock.resource]:
         return [kmock.resource(*key) for key in self._served]
 
@@ -233,6 +239,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             return self._answer(
                 200, self._present(served, self._store.get(served, namespace, name))
             )
+        if method == "POST" and name is None and served.plural == "bindings":
+            name = str(((request.data or {}).get("metadata") or {}).get("name"))
+            return self._bind(self._served[("", "v1", "pods")], namespace, name, request.data)
         if method == "POST" and name is None:
             return self._answer(
                 201, self._present(served, self._store.create(served, namespace, request.data))
@@ -240,11 +249,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if method == "POST" and sub == "eviction":
             return self._answer(201, self._evict(served, namespace, name, request.data))
         if method == "POST" and sub == "binding":
-            target = (request.data or {}).get("target") or {}
-            if target.get("kind", "Node") != "Node" or not target.get("name"):
-                raise errors.bad_request("a binding's target must name a Node")
-            self._store.bind(served, self._store.get(served, namespace, name), target["name"])
-            return self._answer(201, _status_ok())
+            return self._bind(served, namespace, name, request.data)
         if method == "PUT" and name is not None:
             updated = self._store.replace(served, namespace, name, request.data, sub)
             return self._answer(200, self._present(served, updated))
@@ -263,6 +268,15 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             obj, gone = self._delete(served, namespace, name, options)
             return self._answer(200 if gone else 202, self._present(served, obj))
         raise errors.method_not_allowed(method, where)
+
+    def _bind(
+        self, pods: ServedResource, namespace: str | None, name: str, body: Any
+    ) -> kmock.Response:
+        target = (body or {}).get("target") or {} if isinstance(body, Mapping) else {}
+        if target.get("kind", "Node") != "Node" or not target.get("name"):
+            raise errors.bad_request("a binding's target must name a Node")
+        self._store.bind(pods, self._store.get(pods, namespace, name), target["name"])
+        return self._answer(201, _status_ok())
 
     @staticmethod
     def _answer(status: int, payload: Any) -> kmock.Response:
