@@ -12,6 +12,7 @@ cluster when ``SHADOWPOD_TEST_KUBECONFIG`` names one.
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,8 +21,10 @@ import kmock
 import pytest
 from kubernetes_asyncio import client
 
+from shadowpod.local.images import ImageMap, reference_images
 from tests.kube.connection import KubeConnection, no_real_cluster_reason, real_cluster_kubeconfig
 from tests.kube.emulator import ApiServerEmulator
+from tests.kube.kubelet import Kubelet
 from tests.kube.support import Widgets, ensure_widget_crd
 
 TEST_CRDS = Path(__file__).parent / "crds"
@@ -76,3 +79,24 @@ async def widgets(api: client.ApiClient, namespace: str) -> Widgets:
     """The tests' custom resource in ``namespace`` (its CRD installed where missing)."""
     await ensure_widget_crd(api)
     return Widgets(api, namespace)
+
+
+def local_images() -> ImageMap:
+    """The reference agents (``refagent:v1`` …) and ``python:local``, this interpreter."""
+    images = dict(reference_images().images)
+    images["python:local"] = ImageMap.from_data(
+        {"images": {"python:local": {"command": [sys.executable]}}}
+    ).images["python:local"]
+    return ImageMap(images=images)
+
+
+@pytest.fixture
+async def kubelet(emulator_kube: KubeConnection, tmp_path: Path) -> AsyncIterator[Kubelet]:
+    """A kubelet and scheduler on the emulator with one node, ``node-1``; add more with
+    ``await kubelet.add_node(name)``. Pods run as local processes."""
+    async with (
+        emulator_kube.api() as api_client,
+        Kubelet(api_client, local_images(), tmp_path / "kubelet") as running,
+    ):
+        await running.add_node("node-1")
+        yield running
