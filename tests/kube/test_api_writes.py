@@ -25,32 +25,23 @@ async def test_a_create_answers_the_stored_object_with_its_server_fields(
 
 
 async def test_generate_name_makes_a_unique_name(widgets: Widgets) -> None:
-    first = await widgets.objects.create_namespaced_custom_object(
-        "test.shadowpod.dev",
-        "v1",
-        widgets.namespace,
-        "widgets",
-        {
-            "apiVersion": "test.shadowpod.dev/v1",
-            "kind": "Widget",
-            "metadata": {"generateName": "w-"},
-            "spec": {},
-        },
-    )
-    second = await widgets.objects.create_namespaced_custom_object(
-        "test.shadowpod.dev",
-        "v1",
-        widgets.namespace,
-        "widgets",
-        {
-            "apiVersion": "test.shadowpod.dev/v1",
-            "kind": "Widget",
-            "metadata": {"generateName": "w-"},
-            "spec": {},
-        },
-    )
+    made = [
+        await widgets.objects.create_namespaced_custom_object(
+            "test.shadowpod.dev",
+            "v1",
+            widgets.namespace,
+            "widgets",
+            {
+                "apiVersion": "test.shadowpod.dev/v1",
+                "kind": "Widget",
+                "metadata": {"generateName": "w-"},
+                "spec": {},
+            },
+        )
+        for _ in range(2)
+    ]
 
-    names = {first["metadata"]["name"], second["metadata"]["name"]}
+    names = {widget["metadata"]["name"] for widget in made}
     assert len(names) == 2 and all(name.startswith("w-") and len(name) > 2 for name in names)
 
 
