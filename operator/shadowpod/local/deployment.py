@@ -9,6 +9,7 @@ from pathlib import Path
 from types import TracebackType
 
 from shadowpod.api.models import CreateSession, CredentialSpec, OwnershipChange, ScheduleSpec
+from shadowpod.client.control import GatewayControl
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.engine.engine import MigrationEngine
 from shadowpod.engine.ports import InstanceSpec, InstanceStatus
@@ -19,7 +20,6 @@ from shadowpod.engine.record import (
     MigrationSpec,
     Strategy,
 )
-from shadowpod.local.control import GatewayControl
 from shadowpod.local.gateway_process import GatewayProcess
 from shadowpod.local.images import ImageMap
 from shadowpod.local.records import FileRecordStore
