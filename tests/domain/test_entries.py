@@ -59,8 +59,10 @@ def test_a_bad_kind_name_is_rejected(kind: str) -> None:
 
 
 def test_payloads_are_normalised_to_the_fields_given() -> None:
-    entry = NewEntry(kind="message", payload={"role": "user", "content": "hi", "turn": "3"})
-    assert entry.payload == {"role": "user", "content": "hi", "turn": 3}
+    entry = NewEntry(kind="message", payload={"role": "user", "content": "hi", "turn": 3})
+    assert entry.payload == {"role": "user", "content": "hi", "turn": 3}  # no defaults added
+    with pytest.raises(ValidationError):  # integers are strict: "3" is not the seq 3
+        NewEntry(kind="message", payload={"role": "user", "content": "hi", "turn": "3"})
 
 
 def test_entries_get_a_fresh_id_when_none_is_given() -> None:
@@ -133,8 +135,8 @@ def test_session_ids_that_cannot_are_rejected_with_the_rule(session: str) -> Non
 
 def test_schedule_fire_ids_stay_valid_entry_ids() -> None:
     entry = NewEntry(
-        id=schedule_fire_id("s" * 150, 10**9),
+        id=schedule_fire_id("s" * 150, 2**63 - 1),
         kind="schedule",
-        payload={"schedule_id": "s" * 150, "op": "fire", "fire_no": 10**9},
+        payload={"schedule_id": "s" * 150, "op": "fire", "fire_no": 2**63 - 1},
     )
     assert entry.id.startswith("schedule:")

@@ -12,6 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
 from shadowpod.domain.ownership import FenceState, Ownership
+from shadowpod.domain.payloads import (
+    MAX_SCHEDULE_CONTENT,
+    MAX_SCHEDULES_PER_SESSION,
+    SchedulePeriod,
+)
 
 API_PREFIX: Final = "/v1"
 
@@ -160,16 +165,20 @@ class CredentialSpec(_Body):
 
 
 class ScheduleSpec(_Body):
+    """The bounds are the journal's own (``SchedulePayload``, where they are explained)."""
+
     schedule_id: str = Field(min_length=1, max_length=150)
-    every_s: float = Field(gt=0)
-    content: str = Field(default="", max_length=100_000)
+    every_s: SchedulePeriod
+    content: str = Field(default="", max_length=MAX_SCHEDULE_CONTENT)
 
 
 class CreateSession(_Body):
     session: SessionId
     meta: dict[str, str] = Field(default_factory=dict)
     credentials: list[CredentialSpec] = Field(default_factory=list)
-    schedules: list[ScheduleSpec] = Field(default_factory=list)
+    schedules: list[ScheduleSpec] = Field(
+        default_factory=list, max_length=MAX_SCHEDULES_PER_SESSION
+    )
 
 
 class SessionCreated(_Body):

@@ -21,3 +21,8 @@ EntrySeq = Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)]
 # An owner generation: 0 is "no owner yet", owners write at 1 and up.
 Epoch = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
 OwnerEpoch = Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)]
+
+INT32_MAX: Final = 2**31 - 1
+
+# A schema version (of a state document, of an agent's own state): a 32-bit column.
+SchemaVersion = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]

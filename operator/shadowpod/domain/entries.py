@@ -27,6 +27,7 @@ from pydantic import (
     field_validator,
 )
 
+from shadowpod.domain.bounds import EntrySeq, Epoch
 from shadowpod.domain.payloads import (
     PAYLOAD_MODELS,
     EntryKind,
@@ -114,10 +115,10 @@ class JournalEntry:
     (HTTP) goes through ``parse_journal_entry``, which checks every field.
     """
 
-    seq: Annotated[int, Field(ge=1)]
+    seq: EntrySeq
     id: Annotated[str, Field(min_length=1, max_length=ENTRY_ID_MAX)]
     kind: Annotated[str, Field(pattern=KIND_PATTERN)]
-    epoch: Annotated[int, Field(ge=0)]
+    epoch: Epoch
     ts: AwareDatetime
     payload: dict[str, Any]
 

@@ -14,6 +14,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shadowpod.domain.bounds import Epoch, Seq
+
 
 class FenceState(StrEnum):
     OPEN = "open"
@@ -23,10 +25,10 @@ class FenceState(StrEnum):
 class Ownership(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    epoch: int = Field(default=0, ge=0)
-    owner: str | None = Field(default=None, max_length=253)
+    epoch: Epoch = 0
+    owner: str | None = Field(default=None, min_length=1, max_length=253)
     fence: FenceState = FenceState.OPEN
-    fence_seq: int | None = Field(
+    fence_seq: Seq | None = Field(
         default=None, description="Seq of the control entry that recorded the latest epoch."
     )
     updated: datetime | None = None

@@ -14,9 +14,33 @@ from __future__ import annotations
 
 import copy
 from enum import StrEnum
-from typing import Any, Final, get_args, get_origin
+from typing import Annotated, Any, Final, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, create_model
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict, create_model
+
+from shadowpod.domain.bounds import INT32_MAX, INT64_MAX, EntrySeq, Epoch, SchemaVersion
+
+# A schedule's period. The shortest is a second: each fire is a turn of the agent (an
+# LLM call, seconds long), the firer's clock ticks once a second, and with at most
+# ``MAX_SCHEDULES_PER_SESSION`` schedules a session then adds at most that many
+# entries a second. The longest is a leap year: "once a year" fits, and a longer one
+# is almost always a unit mistake (milliseconds given as seconds).
+MIN_SCHEDULE_PERIOD_S: Final = 1.0
+MAX_SCHEDULE_PERIOD_S: Final = 366 * 86_400.0
+SchedulePeriod = Annotated[
+    float, Strict(), Field(ge=MIN_SCHEDULE_PERIOD_S, le=MAX_SCHEDULE_PERIOD_S, allow_inf_nan=False)
+]
+# Schedules one session may have at once (the reducer keeps no more).
+MAX_SCHEDULES_PER_SESSION: Final = 32
+# A schedule's content is copied into every fire: a prompt, not a document.
+MAX_SCHEDULE_CONTENT: Final = 10_000
+FireNo = Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)]
+# pid_t is a signed 32-bit integer, and 0 is no process.
+Pid = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
+# POSIX statuses (0-255), Python's negative signal numbers, Windows' 32-bit codes.
+ExitCode = Annotated[int, Strict(), Field(ge=-(2**31), le=2**32 - 1)]
+# Names an owner (a pod, an instance): a Kubernetes object name at most.
+OwnerName = Annotated[str, Field(min_length=1, max_length=253)]
 
 
 class EntryKind(StrEnum):
@@ -38,8 +62,8 @@ class Payload(BaseModel):
 
 
 class TurnScoped(Payload):
-    turn: int | None = Field(
-        default=None, ge=1, description="Seq of the inbound entry this output belongs to."
+    turn: EntrySeq | None = Field(
+        default=None, description="Seq of the inbound entry this output belongs to."
     )
 
 
@@ -121,9 +145,9 @@ class SchedulePayload(TurnScoped):
     # Short enough that the fire id ``schedule:<id>:<n>`` stays a valid entry id.
     schedule_id: str = Field(min_length=1, max_length=150)
     op: ScheduleOp
-    every_s: float | None = Field(default=None, gt=0)
-    content: str = Field(default="", max_length=100_000)
-    fire_no: int | None = Field(default=None, ge=1)
+    every_s: SchedulePeriod | None = None
+    content: str = Field(default="", max_length=MAX_SCHEDULE_CONTENT)
+    fire_no: FireNo | None = None
 
 
 class ProcessOp(StrEnum):
@@ -137,8 +161,8 @@ class ProcessPayload(TurnScoped):
     name: str = Field(min_length=1, max_length=200)
     op: ProcessOp
     command: list[str] = Field(default_factory=list)
-    pid: int | None = None
-    exit_code: int | None = None
+    pid: Pid | None = None
+    exit_code: ExitCode | None = None
 
 
 class CredentialOp(StrEnum):
@@ -163,13 +187,13 @@ class StatePayload(TurnScoped):
 
     values: dict[str, JsonValue] = Field(default_factory=dict)
     replace: bool = False
-    schema_version: int = Field(default=1, ge=1)
+    schema_version: SchemaVersion = 1
 
 
 class AckPayload(Payload):
     """The end of a turn: the owner has processed inbound entry ``turn``."""
 
-    turn: int = Field(ge=1)
+    turn: EntrySeq
 
 
 class ControlEvent(StrEnum):
@@ -186,9 +210,9 @@ class ControlEvent(StrEnum):
 
 class ControlPayload(Payload):
     event: ControlEvent
-    epoch: int | None = Field(default=None, ge=0)
-    owner: str | None = None
-    reason: str | None = None
+    epoch: Epoch | None = None
+    owner: OwnerName | None = None
+    reason: str | None = Field(default=None, max_length=1000)
     detail: dict[str, JsonValue] = Field(default_factory=dict)
 
 
