@@ -135,7 +135,7 @@ def test_session_ids_that_cannot_are_rejected_with_the_rule(session: str) -> Non
 
 def test_schedule_fire_ids_stay_valid_entry_ids() -> None:
     entry = NewEntry(
-        id=schedule_fire_id("s" * 150, 2**63 - 1),
+        id=schedule_fire_id("s" * 150, 2**63 - 1, 2**63 - 1),
         kind="schedule",
         payload={"schedule_id": "s" * 150, "op": "fire", "fire_no": 2**63 - 1},
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from shadowpod.domain.payloads import MAX_SCHEDULES_PER_SESSION
 from shadowpod.domain.reducer import StateFolder, apply, fold
 from shadowpod.domain.state import CallStatus, ProcessStatus, SessionState
 from tests.domain.builders import START, JournalBuilder
@@ -146,6 +147,27 @@ def test_schedules_are_set_fired_and_cancelled() -> None:
     assert state.pending[fire].schedule_id == "digest"  # a fire is work for the owner
     j.add("schedule", epoch=1, schedule_id="digest", op="cancel")
     assert fold(state, j.entries[-1:]).schedules == {}
+
+
+def test_a_session_keeps_at_most_its_bound_of_schedules() -> None:
+    j = JournalBuilder()
+    for n in range(MAX_SCHEDULES_PER_SESSION + 3):
+        j.add("schedule", epoch=1, schedule_id=f"s{n}", op="set", every_s=60)
+    state = fold(SessionState(), j.entries)
+    assert sorted(state.schedules) == sorted(f"s{n}" for n in range(MAX_SCHEDULES_PER_SESSION))
+    # The sets beyond the bound are kept, visibly, not applied.
+    assert [e.payload["schedule_id"] for e in state.extensions] == [
+        f"s{n}" for n in range(MAX_SCHEDULES_PER_SESSION, MAX_SCHEDULES_PER_SESSION + 3)
+    ]
+    assert all("cancel one first" in (e.error or "") for e in state.extensions)
+    # Changing one that exists is not a new one; cancelling one makes room.
+    j.add("schedule", epoch=1, schedule_id="s0", op="set", every_s=120)
+    j.add("schedule", epoch=1, schedule_id="s1", op="cancel")
+    j.add("schedule", epoch=1, schedule_id="late", op="set", every_s=60)
+    state = fold(state, j.entries[-3:])
+    assert state.schedules["s0"].every_s == 120
+    assert "late" in state.schedules and "s1" not in state.schedules
+    assert len(state.schedules) == MAX_SCHEDULES_PER_SESSION
 
 
 def test_epoch_changes_are_reflected() -> None:

@@ -53,8 +53,9 @@ async def test_fires_are_journaled_once_each_and_continue_after_a_restart(
     second = await start_gateway()
     after = await fires(second.url, "s", len(before) + 2)
 
+    set_seq = 1
     for entry in after:
-        assert entry["id"] == f"schedule:tick:{entry['payload']['fire_no']}"
+        assert entry["id"] == f"schedule:tick:{set_seq}:{entry['payload']['fire_no']}"
         assert entry["epoch"] == 0  # inbound: delivered to whoever owns the session
         assert entry["payload"]["content"] == "tock"
     numbers = fire_nos(after)

@@ -185,6 +185,11 @@ def is_inbound(entry: JournalEntry) -> bool:
     return False
 
 
-def schedule_fire_id(schedule_id: str, fire_no: int) -> str:
-    """The idempotency key of the n-th fire: whoever fires it, it is journaled once."""
-    return f"schedule:{schedule_id}:{fire_no}"
+def schedule_fire_id(schedule_id: str, set_seq: int, fire_no: int) -> str:
+    """The idempotency key of the n-th fire: whoever fires it, it is journaled once.
+
+    ``set_seq`` (the seq of the ``set`` entry) tells a schedule set again under the same
+    id from the one before: its fires count from 1 again, and must not be taken for
+    the earlier one's (they would be absorbed as duplicates, never journaled).
+    """
+    return f"schedule:{schedule_id}:{set_seq}:{fire_no}"

@@ -138,11 +138,11 @@ class SchedulePayload(TurnScoped):
     """Schedules belong to the session id; the gateway journals each ``fire``.
 
     A fire is an inbound entry (epoch 0) whose id is derived from
-    ``(schedule_id, fire_no)``, so journal idempotency makes it exactly-once whoever
-    fires it.
+    ``(schedule_id, set_seq, fire_no)``, so journal idempotency makes it exactly-once
+    whoever fires it.
     """
 
-    # Short enough that the fire id ``schedule:<id>:<n>`` stays a valid entry id.
+    # Short enough that the fire id ``schedule:<id>:<set_seq>:<n>`` stays a valid entry id.
     schedule_id: str = Field(min_length=1, max_length=150)
     op: ScheduleOp
     every_s: SchedulePeriod | None = None

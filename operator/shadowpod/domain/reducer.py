@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from shadowpod.domain.entries import JournalEntry, is_inbound
 from shadowpod.domain.payloads import (
+    MAX_SCHEDULES_PER_SESSION,
     AckPayload,
     ControlEvent,
     ControlPayload,
@@ -277,6 +278,18 @@ def _schedule(state: SessionState, entry: JournalEntry, payload: Payload) -> Non
     if payload.op is ScheduleOp.CANCEL:
         state.schedules.pop(payload.schedule_id, None)
     elif payload.every_s is not None:
+        if (
+            payload.schedule_id not in state.schedules
+            and len(state.schedules) >= MAX_SCHEDULES_PER_SESSION
+        ):
+            # The gateway fires what the state holds: a session's schedules are bounded.
+            _keep_as_extension(
+                state,
+                entry,
+                error=f"the session already has {MAX_SCHEDULES_PER_SESSION} schedules, the "
+                "most it may have; cancel one first",
+            )
+            return
         state.schedules[payload.schedule_id] = Schedule(
             schedule_id=payload.schedule_id,
             every_s=payload.every_s,
