@@ -129,10 +129,11 @@ async def test_owner_writes_carry_the_epoch_and_a_stale_epoch_is_fenced(
     )
     assert (await store.read("s", reply.seq - 1, 1))[0].epoch == 1
 
+    await store.compare_and_set_ownership("s", 1, Ownership(epoch=2, owner="pod-a"))  # restarted
     head = await store.head("s")
     with pytest.raises(Fenced) as caught:
-        await store.append("s", [msg("late", role="assistant")], owner_epoch=0)
-    assert (caught.value.epoch, caught.value.current, caught.value.reason) == (0, 1, "Fenced")
+        await store.append("s", [msg("late", role="assistant")], owner_epoch=1)
+    assert (caught.value.epoch, caught.value.current, caught.value.reason) == (1, 2, "Fenced")
     assert "must stop" in str(caught.value)
     assert await store.head("s") == head
 
@@ -372,7 +373,7 @@ async def test_compare_and_set_with_a_stale_epoch_fails_with_the_current_record(
         await store.compare_and_set_ownership("s", 0, Ownership(epoch=1, owner="b"))
     assert caught.value.current.owner == "a"
     assert (await store.get_ownership("s")).owner == "a"
-    with pytest.raises(InvalidOwnership, match="may only grow"):
+    with pytest.raises(InvalidOwnership, match="never goes down"):
         await store.compare_and_set_ownership("s", 1, Ownership(epoch=0))
 
 
@@ -399,7 +400,7 @@ async def test_owner_acks_move_the_ack_watermark_of_their_epoch(store: JournalSt
     await store.append("s", [ack(m1.seq)], owner_epoch=1)
     await store.append("s", [ack(m2.seq)], owner_epoch=1)
     await store.append("s", [ack(m1.seq)], owner_epoch=1)  # never moves backwards
-    await store.append("s", [ack(99)])  # not an owner write: no watermark
+    await store.append("s", [ack(m2.seq)])  # not an owner write: no watermark
     await store.compare_and_set_ownership("s", 1, Ownership(epoch=2, owner="b"))
     [m3] = await store.append("s", [msg("3")])
     await store.append("s", [ack(m3.seq)], owner_epoch=2)
@@ -465,5 +466,5 @@ async def test_retention_truncates_what_the_oldest_kept_snapshot_covers(
     again = await store.apply_retention("s", keep_snapshots=1)
     assert again.truncated_through == 8
     assert [e.seq for e in await store.read("s", 8)] == [9, 10, pending.seq]
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError, match="keep_snapshots must be from 1"):
         await store.apply_retention("s", keep_snapshots=0)

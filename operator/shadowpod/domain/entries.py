@@ -174,6 +174,21 @@ def format_ts(ts: datetime) -> str:
     return ts.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
+# Kinds whose payload names a turn: a turn's outputs and its ack.
+TURN_KINDS: Final = frozenset(
+    kind for kind, model in PAYLOAD_MODELS.items() if "turn" in model.model_fields
+)
+
+
+def named_turn(entry: NewEntry) -> int | None:
+    """The turn an entry to append names: the seq of the inbound entry whose processing
+    it belongs to (an output) or ends (an ack)."""
+    if entry.kind not in TURN_KINDS:
+        return None
+    turn = entry.payload.get("turn")
+    return turn if isinstance(turn, int) else None
+
+
 def is_inbound(entry: JournalEntry) -> bool:
     """Inbound entries are what the gateway delivers to the owner, one turn each."""
     if entry.epoch != INBOUND_EPOCH:

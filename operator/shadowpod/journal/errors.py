@@ -87,4 +87,63 @@ class StoreUnavailable(ShadowpodError):
 
 
 class InvalidOwnership(ShadowpodError, ValueError):
+    """An ownership change that breaks the fence guarantee: an epoch never goes down,
+    and a new owner always comes with a new, larger epoch."""
+
     reason = "InvalidOwnership"
+
+
+class EpochDecrease(InvalidOwnership):
+    reason = "EpochDecrease"
+
+    def __init__(self, session: str, *, current: Ownership, requested: int) -> None:
+        self.session = session
+        self.current = current
+        self.requested = requested
+        super().__init__(
+            f"session {session!r}: an epoch never goes down (current {current.epoch}, "
+            f"requested {requested}); re-read the ownership and ask for epoch "
+            f"{current.epoch} (to change only the fence) or a larger one"
+        )
+
+
+class OwnerChangeNeedsNewEpoch(InvalidOwnership):
+    reason = "OwnerChangeNeedsNewEpoch"
+
+    def __init__(self, session: str, *, current: Ownership, new: Ownership) -> None:
+        self.session = session
+        self.current = current
+        self.new = new
+        super().__init__(
+            f"session {session!r}: a new owner needs a new, larger epoch: {new.owner!r} "
+            f"would take over from {current.owner!r} at epoch {new.epoch}, where "
+            f"{current.owner!r} could go on writing; ask for epoch {current.epoch + 1}"
+        )
+
+
+class InvalidArgument(ShadowpodError, ValueError):
+    """A number given to the store that it cannot take (out of range, or not an
+    integer); nothing was read or written."""
+
+    reason = "InvalidArgument"
+
+
+class InvalidTurn(ShadowpodError, ValueError):
+    """An output or an ack names a turn that is not an inbound entry of the journal."""
+
+    reason = "InvalidTurn"
+
+    def __init__(self, session: str, *, kind: str, turn: int, head: int, beyond: bool) -> None:
+        self.session = session
+        self.turn = turn
+        self.head = head
+        what = "an ack" if kind == "ack" else f"a {kind!r} output"
+        why = (
+            f"beyond the journal's head ({head})"
+            if beyond
+            else "which is not an inbound entry (a user or system message, a schedule fire)"
+        )
+        super().__init__(
+            f"session {session!r}: {what} names turn {turn}, {why}; a turn is the seq of "
+            "the inbound entry being processed, as delivered — nothing was appended"
+        )

@@ -154,8 +154,6 @@ class Followers:
         self._poll_interval = poll_interval
 
     def batches(self, session: str, after: int) -> AsyncGenerator[Sequence[JournalEntry], None]:
-        if after < 0:
-            raise ValueError(f"after must be 0 or a seq, got {after}")
         return follow_journal_batches(
             self.hub,
             session,

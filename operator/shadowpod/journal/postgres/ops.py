@@ -12,20 +12,28 @@ from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
-from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.entries import JournalEntry, NewEntry, named_turn
 from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.journal import codec
 from shadowpod.journal.errors import (
     EpochConflict,
     Fenced,
+    InvalidOwnership,
     InvalidSnapshot,
+    InvalidTurn,
     JournalTruncated,
     SessionExists,
     SessionNotFound,
     SnapshotNotFound,
 )
 from shadowpod.journal.ownership import epoch_marker, validate_transition
-from shadowpod.journal.postgres.schema import FENCED_CODE, SESSION_NOT_FOUND_CODE
+from shadowpod.journal.postgres.schema import (
+    FENCED_CODE,
+    OWNERSHIP_RULE_CODE,
+    SESSION_NOT_FOUND_CODE,
+    TURN_BEYOND_HEAD_CODE,
+    TURN_NOT_INBOUND_CODE,
+)
 from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
 
 Conn = AsyncConnection[TupleRow]
@@ -113,17 +121,19 @@ class Statements:
         owner_epoch: int | None,
         committed: list[JournalEntry],
     ) -> list[Appended]:
+        turns = [named_turn(entry) for entry in entries]
         try:
             rows = await (
                 await conn.execute(
                     f"SELECT o_seq, o_duplicate, o_ts FROM {self.s}.append_entries"
-                    "(%s, %s, %s, %s, %s, %s, %s)",
+                    "(%s, %s, %s, %s, %s, %s, %s, %s)",
                     (
                         session,
                         owner_epoch,
                         [entry.id for entry in entries],
                         [entry.kind for entry in entries],
                         [Jsonb(entry.payload) for entry in entries],
+                        turns,
                         self.channel,
                         f"{self.token}:{session}",
                     ),
@@ -135,6 +145,16 @@ class Statements:
             if exc.sqlstate == FENCED_CODE:
                 current = int(exc.diag.message_primary or -1)
                 raise Fenced(session, epoch=owner_epoch or 0, current=current) from None
+            if exc.sqlstate in (TURN_BEYOND_HEAD_CODE, TURN_NOT_INBOUND_CODE):
+                turn = int(exc.diag.message_primary or -1)
+                [kind] = [e.kind for e, t in zip(entries, turns, strict=True) if t == turn][:1]
+                raise InvalidTurn(
+                    session,
+                    kind=kind,
+                    turn=turn,
+                    head=int(exc.diag.message_detail or -1),
+                    beyond=exc.sqlstate == TURN_BEYOND_HEAD_CODE,
+                ) from None
             raise
         results: list[Appended] = []
         epoch = 0 if owner_epoch is None else owner_epoch
@@ -220,14 +240,20 @@ class Statements:
             )
             fence_seq = head
             await self._notify(conn, session)
-        updated = await (
-            await conn.execute(
-                f"UPDATE {self.s}.sessions SET epoch = %s, owner = %s, fence = %s, "
-                "fence_seq = %s, head = %s, ownership_updated = clock_timestamp() "
-                f"WHERE sid = %s RETURNING {_SESSION_COLUMNS}",
-                (new.epoch, new.owner, new.fence.value, fence_seq, head, sid),
-            )
-        ).fetchone()
+        try:
+            updated = await (
+                await conn.execute(
+                    f"UPDATE {self.s}.sessions SET epoch = %s, owner = %s, fence = %s, "
+                    "fence_seq = %s, head = %s, ownership_updated = clock_timestamp() "
+                    f"WHERE sid = %s RETURNING {_SESSION_COLUMNS}",
+                    (new.epoch, new.owner, new.fence.value, fence_seq, head, sid),
+                )
+            ).fetchone()
+        except psycopg.Error as exc:
+            if exc.sqlstate != OWNERSHIP_RULE_CODE:
+                raise
+            # The whole transaction (the epoch marker too) is rolled back.
+            raise InvalidOwnership(f"session {session!r}: {exc.diag.message_primary}") from None
         assert updated is not None
         return _ownership(updated)
 
@@ -309,10 +335,6 @@ class Statements:
         ]
 
     async def apply_retention(self, conn: Conn, session: str, keep_snapshots: int) -> Retention:
-        if keep_snapshots < 1:
-            raise ValueError(
-                "keep_snapshots must be at least 1: the journal needs a snapshot to stand on"
-            )
         row = await self._row(conn, session, lock=True)
         sid, truncated_through = row[0], row[5]
         watermarks = [

@@ -9,6 +9,7 @@ from psycopg import AsyncConnection
 from psycopg.rows import TupleRow
 
 from shadowpod.domain.errors import SchemaTooNew
+from shadowpod.journal.ownership import TRIGGER_MESSAGE
 
 STORE_SCHEMA_VERSION: Final = 1
 _SCHEMA_NAME: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -57,6 +58,7 @@ def ddl(s: str) -> list[str]:
             seq bigint NOT NULL,
             PRIMARY KEY (sid, epoch))""",
         _append_function(s),
+        *_ownership_trigger(s),
         f"""CREATE TABLE IF NOT EXISTS {s}.snapshots (
             sid bigint NOT NULL,
             watermark bigint NOT NULL,
@@ -67,21 +69,50 @@ def ddl(s: str) -> list[str]:
     ]
 
 
-# SQLSTATEs the append function raises; the store maps them back to its errors.
+# SQLSTATEs the append function and the triggers raise; the store maps them back to
+# its errors.
 SESSION_NOT_FOUND_CODE: Final = "SPNF1"
 FENCED_CODE: Final = "SPFN1"
+TURN_BEYOND_HEAD_CODE: Final = "SPTB1"
+TURN_NOT_INBOUND_CODE: Final = "SPTI1"
+OWNERSHIP_RULE_CODE: Final = "SPOW1"
+
+
+def _ownership_trigger(s: str) -> list[str]:
+    """The fence guarantee, kept by the database for every update of the ownership
+    record (the store checks it first, with a clearer error: ``journal/ownership.py``).
+    """
+    return [
+        f"""
+CREATE OR REPLACE FUNCTION {s}.ownership_fence() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF NEW.epoch < OLD.epoch
+       OR (NEW.owner IS DISTINCT FROM OLD.owner AND NEW.epoch <= OLD.epoch) THEN
+        RAISE EXCEPTION USING ERRCODE = '{OWNERSHIP_RULE_CODE}', MESSAGE = '{TRIGGER_MESSAGE}';
+    END IF;
+    RETURN NEW;
+END
+$fn$""",
+        f"""CREATE OR REPLACE TRIGGER ownership_fence
+            BEFORE UPDATE OF epoch, owner ON {s}.sessions
+            FOR EACH ROW EXECUTE FUNCTION {s}.ownership_fence()""",
+    ]
 
 
 def _append_function(s: str) -> str:
     """One append in one statement: a single round trip instead of seven.
 
     The session row lock serialises writers of a session across processes; the epoch
-    check happens under that lock, in the same transaction as the inserts.
+    check happens under that lock, in the same transaction as the inserts, and so does
+    the check of the turns the entries name (``p_turns``, ``domain.entries.named_turn``
+    of each): each is an inbound entry already journaled (or removed by retention,
+    which removes acked turns only). The inbound test is ``domain.entries.is_inbound``.
     """
     return f"""
 CREATE OR REPLACE FUNCTION {s}.append_entries(
     p_session text, p_owner_epoch bigint, p_ids text[], p_kinds text[], p_payloads jsonb[],
-    p_channel text, p_note text)
+    p_turns bigint[], p_channel text, p_note text)
 RETURNS TABLE (o_seq bigint, o_duplicate boolean, o_ts timestamptz)
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -89,10 +120,13 @@ DECLARE
     v_head bigint;
     v_start bigint;
     v_epoch bigint;
+    v_truncated bigint;
+    v_turn bigint;
     v_existing bigint;
     v_ts timestamptz := clock_timestamp();
 BEGIN
-    SELECT s.sid, s.head, s.epoch INTO v_sid, v_head, v_epoch
+    SELECT s.sid, s.head, s.epoch, s.truncated_through
+      INTO v_sid, v_head, v_epoch, v_truncated
       FROM {s}.sessions s WHERE s.name = p_session FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '{SESSION_NOT_FOUND_CODE}', MESSAGE = p_session;
@@ -100,6 +134,20 @@ BEGIN
     IF p_owner_epoch IS NOT NULL AND p_owner_epoch <> v_epoch THEN
         RAISE EXCEPTION USING ERRCODE = '{FENCED_CODE}', MESSAGE = v_epoch::text;
     END IF;
+    FOR v_turn IN SELECT DISTINCT t FROM unnest(p_turns) AS t WHERE t IS NOT NULL LOOP
+        IF v_turn > v_head THEN
+            RAISE EXCEPTION USING ERRCODE = '{TURN_BEYOND_HEAD_CODE}',
+                MESSAGE = v_turn::text, DETAIL = v_head::text;
+        END IF;
+        IF v_turn > v_truncated AND NOT EXISTS (
+            SELECT 1 FROM {s}.entries e
+             WHERE e.sid = v_sid AND e.seq = v_turn AND e.epoch = 0 AND (
+                   (e.kind = 'message' AND e.payload ->> 'role' IN ('user', 'system'))
+                   OR (e.kind = 'schedule' AND e.payload ->> 'op' = 'fire'))) THEN
+            RAISE EXCEPTION USING ERRCODE = '{TURN_NOT_INBOUND_CODE}',
+                MESSAGE = v_turn::text, DETAIL = v_head::text;
+        END IF;
+    END LOOP;
     v_start := v_head;
     FOR i IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
         SELECT e.seq INTO v_existing FROM {s}.entries e WHERE e.sid = v_sid AND e.id = p_ids[i];

@@ -29,6 +29,14 @@ from psycopg_pool import AsyncConnectionPool
 from shadowpod.domain.entries import JournalEntry, NewEntry, check_session_id
 from shadowpod.domain.ownership import Ownership
 from shadowpod.journal import codec
+from shadowpod.journal.arguments import (
+    check_epoch,
+    check_keep,
+    check_owner_epoch,
+    check_read,
+    check_schema_version,
+    check_seq,
+)
 from shadowpod.journal.errors import SnapshotNotFound, StoreUnavailable
 from shadowpod.journal.followers import Followers
 from shadowpod.journal.postgres import ops
@@ -155,6 +163,7 @@ class PostgresJournalStore:
     async def append(
         self, session: str, entries: Sequence[NewEntry], owner_epoch: int | None = None
     ) -> list[Appended]:
+        check_owner_epoch(owner_epoch)
         committed: list[JournalEntry] = []
         # One statement, its own transaction (autocommit): see ``append_entries``.
         async with self._conn() as conn:
@@ -164,24 +173,22 @@ class PostgresJournalStore:
         return results
 
     async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
-        if after < 0 or limit < 1:
-            raise ValueError(f"after must be >= 0 and limit >= 1, got after={after} limit={limit}")
+        check_read(after, limit)
         async with self._tx() as conn:
             return await self._ops.read(conn, session, after, limit)
 
     async def read_json(self, session: str, after: int = 0, limit: int = 1000) -> bytes:
-        if after < 0 or limit < 1:
-            raise ValueError(f"after must be >= 0 and limit >= 1, got after={after} limit={limit}")
+        check_read(after, limit)
         async with self._tx() as conn:
             return await self._ops.read_json(conn, session, after, limit)
 
     def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]:
-        return self._followers.entries(session, after)
+        return self._followers.entries(session, check_seq("after", after))
 
     def follow_batches(
         self, session: str, after: int = 0
     ) -> AsyncGenerator[Sequence[JournalEntry], None]:
-        return self._followers.batches(session, after)
+        return self._followers.batches(session, check_seq("after", after))
 
     async def head(self, session: str) -> int:
         async with self._tx() as conn:
@@ -196,6 +203,8 @@ class PostgresJournalStore:
     async def compare_and_set_ownership(
         self, session: str, expect_epoch: int, new: Ownership
     ) -> Ownership:
+        check_epoch("expect_epoch", expect_epoch)
+        check_epoch("epoch", new.epoch)
         committed: list[JournalEntry] = []
         async with self._tx() as conn:
             result = await self._ops.compare_and_set_ownership(
@@ -214,11 +223,14 @@ class PostgresJournalStore:
     async def put_snapshot(
         self, session: str, *, watermark: int, schema_version: int, document_json: bytes
     ) -> SnapshotInfo:
+        check_seq("watermark", watermark)
+        check_schema_version(schema_version)
         blob = await asyncio.to_thread(codec.compress_document, document_json)
         async with self._tx() as conn:
             return await self._ops.put_snapshot(conn, session, watermark, schema_version, blob)
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot:
+        check_seq("watermark", watermark)
         async with self._tx() as conn:
             return await self._ops.get_snapshot(conn, session, watermark)
 
@@ -234,5 +246,6 @@ class PostgresJournalStore:
             return await self._ops.list_snapshots(conn, session)
 
     async def apply_retention(self, session: str, *, keep_snapshots: int) -> Retention:
+        check_keep(keep_snapshots)
         async with self._tx() as conn:
             return await self._ops.apply_retention(conn, session, keep_snapshots)

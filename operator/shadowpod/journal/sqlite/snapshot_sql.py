@@ -82,10 +82,6 @@ def list_snapshots(conn: sqlite3.Connection, session: str) -> list[SnapshotInfo]
 
 def apply_retention(tx: WriteTx, session: str, keep_snapshots: int) -> Retention:
     conn = tx.conn
-    if keep_snapshots < 1:
-        raise ValueError(
-            "keep_snapshots must be at least 1: the journal needs a snapshot to stand on"
-        )
     row = session_row(conn, session)
     sid, truncated_through = row["sid"], row["truncated_through"]
     watermarks = [

@@ -16,7 +16,7 @@ import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.entries import JournalEntry, NewEntry, named_turn
 from shadowpod.domain.errors import SchemaTooNew
 from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.domain.payloads import EntryKind
@@ -24,11 +24,13 @@ from shadowpod.journal import codec
 from shadowpod.journal.errors import (
     EpochConflict,
     Fenced,
+    InvalidOwnership,
+    InvalidTurn,
     JournalTruncated,
     SessionExists,
     SessionNotFound,
 )
-from shadowpod.journal.ownership import epoch_marker, validate_transition
+from shadowpod.journal.ownership import TRIGGER_MESSAGE, epoch_marker, validate_transition
 from shadowpod.journal.sqlite.writer import WriteTx
 from shadowpod.journal.store import Appended, SessionInfo
 
@@ -80,6 +82,27 @@ CREATE TABLE IF NOT EXISTS snapshots (
 ) WITHOUT ROWID;
 """
 
+# The fence guarantee, kept by the database for every update of the ownership record
+# (the stores check it first, with a clearer error: see ``journal/ownership.py``).
+_OWNERSHIP_TRIGGER: Final = f"""
+CREATE TRIGGER IF NOT EXISTS sessions_ownership_fence
+BEFORE UPDATE OF epoch, owner ON sessions
+WHEN NEW.epoch < OLD.epoch OR (NEW.owner IS NOT OLD.owner AND NEW.epoch <= OLD.epoch)
+BEGIN
+    SELECT RAISE(ABORT, '{TRIGGER_MESSAGE}');
+END
+"""
+
+# An inbound entry, as ``domain.entries.is_inbound`` says, in SQL: the turns that
+# outputs and acks name are checked against it inside the append's transaction.
+_INBOUND_AT: Final = """
+SELECT seq FROM entries
+WHERE sid = ? AND seq = ? AND epoch = 0 AND (
+    (kind = 'message' AND json_extract(CAST(payload AS TEXT), '$.role') IN ('user', 'system'))
+    OR (kind = 'schedule' AND json_extract(CAST(payload AS TEXT), '$.op') = 'fire')
+)
+"""
+
 
 def init_schema(conn: sqlite3.Connection) -> None:
     """Create the tables, or check that an existing database is one we can read."""
@@ -100,6 +123,7 @@ def init_schema(conn: sqlite3.Connection) -> None:
         for statement in _DDL.split(";"):
             if statement.strip():
                 conn.execute(statement)
+        conn.execute(_OWNERSHIP_TRIGGER)
         conn.execute(
             "INSERT OR IGNORE INTO shadowpod_meta (key, value) VALUES ('schema_version', ?)",
             (str(STORE_SCHEMA_VERSION),),
@@ -184,13 +208,14 @@ def append(
 ) -> list[Appended]:
     conn = tx.conn
     row = conn.execute(
-        "SELECT sid, head, epoch FROM sessions WHERE name = ?", (session,)
+        "SELECT sid, head, epoch, truncated_through FROM sessions WHERE name = ?", (session,)
     ).fetchone()
     if row is None:
         raise SessionNotFound(session)
-    sid, head, current_epoch = row
+    sid, head, current_epoch, truncated_through = row
     if owner_epoch is not None and owner_epoch != current_epoch:
         raise Fenced(session, epoch=owner_epoch, current=current_epoch)
+    _check_turns(conn, session, sid, head, truncated_through, entries)
     epoch = 0 if owner_epoch is None else owner_epoch
     start = head
     results: list[Appended] = []
@@ -219,6 +244,28 @@ def append(
     if head != start:
         conn.execute("UPDATE sessions SET head = ? WHERE sid = ?", (head, sid))
     return results
+
+
+def _check_turns(
+    conn: sqlite3.Connection,
+    session: str,
+    sid: int,
+    head: int,
+    truncated_through: int,
+    entries: Sequence[NewEntry],
+) -> None:
+    """Every turn named is an inbound entry already journaled (or removed by retention,
+    which removes acked turns only)."""
+    checked: set[int] = set()
+    for entry in entries:
+        turn = named_turn(entry)
+        if turn is None or turn in checked:
+            continue
+        if turn > head:
+            raise InvalidTurn(session, kind=entry.kind, turn=turn, head=head, beyond=True)
+        if turn > truncated_through and conn.execute(_INBOUND_AT, (sid, turn)).fetchone() is None:
+            raise InvalidTurn(session, kind=entry.kind, turn=turn, head=head, beyond=False)
+        checked.add(turn)
 
 
 def read(conn: sqlite3.Connection, session: str, after: int, limit: int) -> list[JournalEntry]:
@@ -286,25 +333,38 @@ def compare_and_set_ownership(
     if current.epoch != expect_epoch:
         raise EpochConflict(session, expected=expect_epoch, current=current)
     validate_transition(session, current, new)
-    fence_seq, head = current.fence_seq, row["head"]
-    if new.epoch != current.epoch:
-        marker = epoch_marker(current, new)
-        head += 1
-        payload = codec.encode_payload(marker.payload)
+    marker = epoch_marker(current, new) if new.epoch != current.epoch else None
+    head = row["head"] + (marker is not None)
+    fence_seq = current.fence_seq if marker is None else head
+    try:
+        # The record first: the database's own check of the rule (its trigger) then
+        # refuses before anything is written (check, then write: see writer.py).
+        conn.execute(
+            "UPDATE sessions SET epoch = ?, owner = ?, fence = ?, fence_seq = ?, head = ?, "
+            "ownership_us = ? WHERE sid = ?",
+            (new.epoch, new.owner, new.fence.value, fence_seq, head, tx.now_us, row["sid"]),
+        )
+    except sqlite3.IntegrityError as exc:
+        if TRIGGER_MESSAGE not in str(exc):
+            raise
+        raise InvalidOwnership(f"session {session!r}: {exc}") from None
+    if marker is not None:
         conn.execute(
             "INSERT INTO entries (sid, seq, id, kind, epoch, ts_us, payload) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (row["sid"], head, marker.id, marker.kind, new.epoch, tx.now_us, payload),
+            (
+                row["sid"],
+                head,
+                marker.id,
+                marker.kind,
+                new.epoch,
+                tx.now_us,
+                codec.encode_payload(marker.payload),
+            ),
         )
         tx.committed.append(
             JournalEntry(head, marker.id, marker.kind, new.epoch, tx.now, marker.payload)
         )
-        fence_seq = head
-    conn.execute(
-        "UPDATE sessions SET epoch = ?, owner = ?, fence = ?, fence_seq = ?, head = ?, "
-        "ownership_us = ? WHERE sid = ?",
-        (new.epoch, new.owner, new.fence.value, fence_seq, head, tx.now_us, row["sid"]),
-    )
     return _ownership(session_row(conn, session))
 
 

@@ -19,6 +19,14 @@ from typing import Final, TypeVar
 from shadowpod.domain.entries import JournalEntry, NewEntry, check_session_id
 from shadowpod.domain.ownership import Ownership
 from shadowpod.journal import codec
+from shadowpod.journal.arguments import (
+    check_epoch,
+    check_keep,
+    check_owner_epoch,
+    check_read,
+    check_schema_version,
+    check_seq,
+)
 from shadowpod.journal.errors import SnapshotNotFound
 from shadowpod.journal.followers import Followers
 from shadowpod.journal.recent import RecentEntries
@@ -191,6 +199,7 @@ class SQLiteJournalStore:
     async def append(
         self, session: str, entries: Sequence[NewEntry], owner_epoch: int | None = None
     ) -> list[Appended]:
+        check_owner_epoch(owner_epoch)
         if not entries:
             await self.head(session)  # a missing session is an error even for no entries
             return []
@@ -198,26 +207,26 @@ class SQLiteJournalStore:
         return await self._write(session, lambda tx: sql.append(tx, session, batch, owner_epoch))
 
     async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
-        _check_read_args(after, limit)
+        check_read(after, limit)
         recent = self._recent.read(session, after, limit)
         if recent is not None:
             return recent
         return await self._read(lambda conn: sql.read(conn, session, after, limit))
 
     async def read_json(self, session: str, after: int = 0, limit: int = 1000) -> bytes:
-        _check_read_args(after, limit)
+        check_read(after, limit)
         recent = self._recent.read(session, after, limit)
         if recent is not None:
             return codec.entries_json(recent)
         return await self._read(lambda conn: sql.read_json(conn, session, after, limit))
 
     def follow(self, session: str, after: int = 0) -> AsyncIterator[JournalEntry]:
-        return self._followers.entries(session, after)
+        return self._followers.entries(session, check_seq("after", after))
 
     def follow_batches(
         self, session: str, after: int = 0
     ) -> AsyncGenerator[Sequence[JournalEntry], None]:
-        return self._followers.batches(session, after)
+        return self._followers.batches(session, check_seq("after", after))
 
     async def head(self, session: str) -> int:
         cached = self._recent.head(session)
@@ -233,6 +242,8 @@ class SQLiteJournalStore:
     async def compare_and_set_ownership(
         self, session: str, expect_epoch: int, new: Ownership
     ) -> Ownership:
+        check_epoch("expect_epoch", expect_epoch)
+        check_epoch("epoch", new.epoch)
         return await self._write(
             session, lambda tx: sql.compare_and_set_ownership(tx, session, expect_epoch, new)
         )
@@ -245,6 +256,8 @@ class SQLiteJournalStore:
     async def put_snapshot(
         self, session: str, *, watermark: int, schema_version: int, document_json: bytes
     ) -> SnapshotInfo:
+        check_seq("watermark", watermark)
+        check_schema_version(schema_version)
         # Compressed on a thread before it is submitted: the batch's SQL runs on the
         # event loop, and a large snapshot would hold up every other session's appends.
         blob = await asyncio.to_thread(codec.compress_document, document_json)
@@ -254,6 +267,7 @@ class SQLiteJournalStore:
         )
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot:
+        check_seq("watermark", watermark)
         return await self._read(lambda conn: snapshot_sql.get_snapshot(conn, session, watermark))
 
     async def latest_snapshot(self, session: str) -> Snapshot | None:
@@ -266,14 +280,8 @@ class SQLiteJournalStore:
         return await self._read(lambda conn: snapshot_sql.list_snapshots(conn, session))
 
     async def apply_retention(self, session: str, *, keep_snapshots: int) -> Retention:
+        check_keep(keep_snapshots)
         self._recent.forget(session)  # cached entries may fall below the new truncation point
         return await self._write(
             session, lambda tx: snapshot_sql.apply_retention(tx, session, keep_snapshots)
         )
-
-
-def _check_read_args(after: int, limit: int) -> None:
-    if after < 0:
-        raise ValueError(f"after must be 0 or a seq, got {after}")
-    if limit < 1:
-        raise ValueError(f"limit must be at least 1, got {limit}")
