@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from shadowpod.domain.entries import NewEntry
+from shadowpod.domain.entries import JournalEntry, NewEntry
 from shadowpod.domain.errors import SchemaTooNew
 from shadowpod.journal.errors import SessionNotFound
 from shadowpod.journal.factory import store_from_url
@@ -170,3 +173,41 @@ async def test_a_write_waits_for_another_process_lock_without_stopping_the_loop(
         await writer.stop()
         other.close()
     assert [v for (v,) in setup.execute("SELECT v FROM t ORDER BY rowid")] == ["theirs", "mine"]
+
+
+async def test_a_failure_after_a_commit_does_not_stop_the_writer(tmp_path: Path) -> None:
+    """What runs once a batch is durable (handing entries to followers) may fail for
+    one session; every write of the batch is still answered, and later writes too."""
+    loop = asyncio.get_running_loop()
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(tmp_path / "w.db", isolation_level=None, check_same_thread=False)
+        conn.execute("CREATE TABLE IF NOT EXISTS t (v TEXT NOT NULL)")
+        return conn
+
+    def insert(value: str) -> Callable[[WriteTx], str]:
+        def write(tx: WriteTx) -> str:
+            tx.conn.execute("INSERT INTO t (v) VALUES (?)", (value,))
+            tx.committed.append(JournalEntry(1, value, "note", 0, datetime.now(UTC), {}))
+            return value
+
+        return write
+
+    def on_commit(session: str, entries: list[JournalEntry]) -> None:
+        if session == "bad":
+            raise RuntimeError("a follower of this session is broken")
+
+    writer = GroupCommitWriter(connect, loop, on_commit)
+    writer.start()
+    try:
+        async with asyncio.timeout(10):
+            batch = await asyncio.gather(
+                writer.submit("bad", insert("b1")),
+                writer.submit("good", insert("g1")),
+                writer.submit("good", insert("g2")),
+            )
+            later = await writer.submit("good", insert("g3"))
+    finally:
+        with contextlib.suppress(TimeoutError):  # a writer that stopped never gets idle
+            await asyncio.wait_for(writer.stop(), 5)
+    assert (batch, later) == (["b1", "g1", "g2"], "g3")

@@ -118,8 +118,15 @@ class SQLiteJournalStore:
         await self.close()
 
     def _committed(self, session: str, entries: list[JournalEntry]) -> None:
-        self._recent.add(session, entries)
-        self._hub.publish(session, entries)
+        try:
+            self._recent.add(session, entries)
+            self._hub.publish(session, entries)
+        except Exception:
+            # Neither may now serve what they missed: the cache would answer with a
+            # stale head, so it goes; the followers re-read from the database.
+            self._recent.forget(session)
+            self._hub.wake(session)
+            raise
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(

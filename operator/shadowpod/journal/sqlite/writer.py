@@ -234,19 +234,31 @@ class GroupCommitWriter:
         if took > SLOW_COMMIT_S:
             logger.warning("slow journal commit: %.0f ms for %d writes", took * 1000, len(batch))
         failure = done.exception()
-        for write in batch:
-            if failure is not None:  # not raised by a write: the thread itself failed
-                write.reset()
-                write.error = failure
-            if write.committed:
-                self._on_commit(write.session, write.committed)
-            if write.future.done():  # the caller gave up waiting; the write stands
-                continue
-            if write.error is not None:
-                write.future.set_exception(write.error)
-            else:
-                write.future.set_result(write.outcome)
-        self._next_batch()
+        try:
+            for write in batch:
+                if failure is not None:  # not raised by a write: the thread itself failed
+                    write.reset()
+                    write.error = failure
+                if write.committed:
+                    self._hand_on(write.session, write.committed)
+                if write.future.done():  # the caller gave up waiting; the write stands
+                    continue
+                if write.error is not None:
+                    write.future.set_exception(write.error)
+                else:
+                    write.future.set_result(write.outcome)
+        finally:
+            # Every session's writes go through here: whatever happened above, the
+            # next batch is written (it used to wait forever behind one failure).
+            self._next_batch()
+
+    def _hand_on(self, session: str, entries: list[JournalEntry]) -> None:
+        """The commit listener, for one session: its failure is that session's alone
+        (the entries are durable; its followers find the gap and re-read)."""
+        try:
+            self._on_commit(session, entries)
+        except Exception:  # logged; the batch's other writes go on
+            logger.exception("handing session %r's committed entries on failed", session)
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
