@@ -10,10 +10,16 @@ import pytest
 
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.ownership import FenceState, Ownership
-from shadowpod.journal import InvalidOwnership, JournalStore
+from shadowpod.journal import (
+    InvalidOwnership,
+    InvalidSnapshot,
+    JournalStore,
+    SnapshotNotFound,
+)
 from shadowpod.journal.errors import InvalidTurn, OwnerChangeNeedsNewEpoch
 from shadowpod.journal.postgres.store import PostgresJournalStore
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
+from shadowpod.journal.store import MAX_SNAPSHOTS_PER_SESSION
 from tests.conftest import PG_DSN
 from tests.journal.test_contract import ack, msg
 
@@ -179,3 +185,25 @@ async def test_a_turn_removed_by_retention_may_still_be_named(store: JournalStor
     assert retention.truncated_through >= inbound
     # An owner repeating its last ack (after a restart) is not refused for it.
     await store.append("s", [ack(inbound)], owner_epoch=1)
+
+
+# --- snapshots: a session's share of the disk is bounded --------------------------------
+
+
+async def test_a_session_keeps_its_newest_snapshots_only(store: JournalStore) -> None:
+    await store.create_session("s")
+    await store.append("s", [msg(str(n)) for n in range(MAX_SNAPSHOTS_PER_SESSION + 4)])
+    for watermark in range(1, MAX_SNAPSHOTS_PER_SESSION + 5):
+        await store.put_snapshot(
+            "s", watermark=watermark, schema_version=3, document_json=b'{"w": %d}' % watermark
+        )
+    kept = [i.watermark for i in await store.list_snapshots("s")]
+    assert kept == list(range(5, MAX_SNAPSHOTS_PER_SESSION + 5))
+    with pytest.raises(SnapshotNotFound):
+        await store.get_snapshot("s", 4)
+    # One older than all those kept would be dropped at once: it is refused instead.
+    with pytest.raises(InvalidSnapshot, match=f"the {MAX_SNAPSHOTS_PER_SESSION} newest"):
+        await store.put_snapshot("s", watermark=2, schema_version=3, document_json=b"{}")
+    # Replacing one that is kept is no new snapshot.
+    await store.put_snapshot("s", watermark=5, schema_version=3, document_json=b'{"again": 1}')
+    assert [i.watermark for i in await store.list_snapshots("s")] == kept

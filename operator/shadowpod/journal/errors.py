@@ -80,6 +80,18 @@ class InvalidSnapshot(ShadowpodError, ValueError):
     reason = "InvalidSnapshot"
 
 
+class SnapshotTooOld(InvalidSnapshot):
+    """A snapshot older than every one a session keeps: it would be deleted at once."""
+
+    def __init__(self, session: str, *, watermark: int, kept: int) -> None:
+        self.session = session
+        self.watermark = watermark
+        super().__init__(
+            f"session {session!r}: a snapshot at seq {watermark} is older than the {kept} "
+            "newest, the most a session keeps; snapshot the current state instead"
+        )
+
+
 class StoreUnavailable(ShadowpodError):
     """The database could not be reached; the operation did not happen and may be retried."""
 

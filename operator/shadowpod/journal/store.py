@@ -11,7 +11,11 @@ Guarantees every backend gives (checked by the shared contract suite in
   the same transaction.
 - A compare-and-set that changes the epoch journals a ``control``/``epoch`` entry in
   the same transaction and records its seq as ``fence_seq``: from that seq on, the
-  old owner can write nothing.
+  old owner can write nothing. An epoch never goes down, and a new owner always comes
+  with a new, larger epoch (``journal/ownership.py``).
+- The turn an output or an ack names is an inbound entry at or below the head.
+- A session keeps at most ``MAX_SNAPSHOTS_PER_SESSION`` snapshots, the newest.
+- Integers from callers out of their column's range are an ``InvalidArgument``.
 """
 
 from __future__ import annotations
@@ -19,12 +23,17 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Final, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shadowpod.domain.entries import JournalEntry, NewEntry
 from shadowpod.domain.ownership import Ownership
+
+# Snapshots a session keeps (the newest; older ones are deleted as newer ones come).
+# Each may be as large as the gateway's snapshot limit, and they share one disk with
+# every other session: an owner putting one at every watermark used to fill it.
+MAX_SNAPSHOTS_PER_SESSION: Final = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +142,8 @@ class JournalStore(Protocol):
         self, session: str, *, watermark: int, schema_version: int, document_json: bytes
     ) -> SnapshotInfo:
         """Store ``document_json`` (the state document as JSON text, stored as it is:
-        the caller checks it is a JSON object) as the snapshot at ``watermark``."""
+        the caller checks it is a JSON object) as the snapshot at ``watermark``, and
+        delete what falls out of the ``MAX_SNAPSHOTS_PER_SESSION`` newest."""
         ...
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot: ...

@@ -25,6 +25,7 @@ from shadowpod.journal.errors import (
     SessionExists,
     SessionNotFound,
     SnapshotNotFound,
+    SnapshotTooOld,
 )
 from shadowpod.journal.ownership import epoch_marker, validate_transition
 from shadowpod.journal.postgres.schema import (
@@ -34,7 +35,14 @@ from shadowpod.journal.postgres.schema import (
     TURN_BEYOND_HEAD_CODE,
     TURN_NOT_INBOUND_CODE,
 )
-from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
+from shadowpod.journal.store import (
+    MAX_SNAPSHOTS_PER_SESSION,
+    Appended,
+    Retention,
+    SessionInfo,
+    Snapshot,
+    SnapshotInfo,
+)
 
 Conn = AsyncConnection[TupleRow]
 
@@ -272,21 +280,36 @@ class Statements:
         self, conn: Conn, session: str, watermark: int, schema_version: int, blob: bytes
     ) -> SnapshotInfo:
         row = await self._row(conn, session, lock=True)
+        sid = row[0]
         if not 0 <= watermark <= row[4]:
             raise InvalidSnapshot(
                 f"session {session!r}: snapshot watermark {watermark} is outside the journal "
                 f"(head is {row[4]}); a snapshot must reflect entries that exist"
             )
+        newer = await (
+            await conn.execute(
+                f"SELECT count(*) FROM {self.s}.snapshots WHERE sid = %s AND watermark > %s",
+                (sid, watermark),
+            )
+        ).fetchone()
+        if newer is not None and newer[0] >= MAX_SNAPSHOTS_PER_SESSION:
+            raise SnapshotTooOld(session, watermark=watermark, kept=MAX_SNAPSHOTS_PER_SESSION)
         created = await (
             await conn.execute(
                 f"INSERT INTO {self.s}.snapshots (sid, watermark, schema_version, created, data) "
                 "VALUES (%s, %s, %s, clock_timestamp(), %s) ON CONFLICT (sid, watermark) DO UPDATE "
                 "SET schema_version = excluded.schema_version, created = excluded.created, "
                 "data = excluded.data RETURNING created",
-                (row[0], watermark, schema_version, blob),
+                (sid, watermark, schema_version, blob),
             )
         ).fetchone()
         assert created is not None
+        await conn.execute(
+            f"DELETE FROM {self.s}.snapshots WHERE sid = %s AND watermark NOT IN "
+            f"(SELECT watermark FROM {self.s}.snapshots WHERE sid = %s "
+            "ORDER BY watermark DESC LIMIT %s)",
+            (sid, sid, MAX_SNAPSHOTS_PER_SESSION),
+        )
         return SnapshotInfo(
             session=session,
             watermark=watermark,

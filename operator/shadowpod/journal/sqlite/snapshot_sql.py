@@ -10,25 +10,41 @@ import sqlite3
 from typing import Final
 
 from shadowpod.journal import codec
-from shadowpod.journal.errors import InvalidSnapshot, SnapshotNotFound
+from shadowpod.journal.errors import InvalidSnapshot, SnapshotNotFound, SnapshotTooOld
 from shadowpod.journal.sqlite.sql import session_row
 from shadowpod.journal.sqlite.writer import WriteTx
-from shadowpod.journal.store import Retention, Snapshot, SnapshotInfo
+from shadowpod.journal.store import (
+    MAX_SNAPSHOTS_PER_SESSION,
+    Retention,
+    Snapshot,
+    SnapshotInfo,
+)
 
 
 def put_snapshot(
     tx: WriteTx, session: str, watermark: int, schema_version: int, blob: bytes
 ) -> SnapshotInfo:
     row = session_row(tx.conn, session)
+    sid = row["sid"]
     if not 0 <= watermark <= row["head"]:
         raise InvalidSnapshot(
             f"session {session!r}: snapshot watermark {watermark} is outside the journal "
             f"(head is {row['head']}); a snapshot must reflect entries that exist"
         )
+    (newer,) = tx.conn.execute(
+        "SELECT count(*) FROM snapshots WHERE sid = ? AND watermark > ?", (sid, watermark)
+    ).fetchone()
+    if newer >= MAX_SNAPSHOTS_PER_SESSION:
+        raise SnapshotTooOld(session, watermark=watermark, kept=MAX_SNAPSHOTS_PER_SESSION)
     tx.conn.execute(
         "INSERT OR REPLACE INTO snapshots (sid, watermark, schema_version, created_us, data) "
         "VALUES (?, ?, ?, ?, ?)",
-        (row["sid"], watermark, schema_version, tx.now_us, blob),
+        (sid, watermark, schema_version, tx.now_us, blob),
+    )
+    tx.conn.execute(
+        "DELETE FROM snapshots WHERE sid = ? AND watermark NOT IN "
+        "(SELECT watermark FROM snapshots WHERE sid = ? ORDER BY watermark DESC LIMIT ?)",
+        (sid, sid, MAX_SNAPSHOTS_PER_SESSION),
     )
     return SnapshotInfo(
         session=session,
