@@ -112,9 +112,9 @@ def test_the_schedule_period_bounds_are_a_second_and_a_leap_year() -> None:
 
 
 def test_a_schedule_content_is_bounded_as_it_is_copied_into_every_fire() -> None:
-    fits = {"schedule_id": "s", "op": "set", "every_s": 60, "content": "x" * 10_000}
+    fits = {"schedule_id": "s", "op": "set", "every_s": 60, "content": "x" * 16_384}
     assert NewEntry(kind="schedule", payload=fits).payload == fits
-    too_long = {**fits, "content": "x" * 10_001}
+    too_long = {**fits, "content": "x" * 16_385}
     assert _refused("schedule", too_long) == ["payload.content"]
 
 

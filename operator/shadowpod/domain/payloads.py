@@ -32,8 +32,9 @@ SchedulePeriod = Annotated[
 ]
 # Schedules one session may have at once (the reducer keeps no more).
 MAX_SCHEDULES_PER_SESSION: Final = 32
-# A schedule's content is copied into every fire: a prompt, not a document.
-MAX_SCHEDULE_CONTENT: Final = 10_000
+# A schedule's content is copied into every fire: a prompt, not a document (16 KiB,
+# as an AgentSession's schedule message).
+MAX_SCHEDULE_CONTENT: Final = 16_384
 FireNo = Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)]
 # pid_t is a signed 32-bit integer, and 0 is no process.
 Pid = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
