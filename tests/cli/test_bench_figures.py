@@ -3,10 +3,14 @@ load's own jitter (windows of the same length with no migration running)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from shadowpod.bench.migrate import _check_targets
+from shadowpod.cli.bench import _run_and_report
 from shadowpod.client.gateway import GatewayClient
-from shadowpod.local.checks import quiet_latency_maxima
+from shadowpod.local.figures import quiet_latency_maxima
 from shadowpod.local.load import ClientLoad, Reply, Sent
 
 
@@ -41,3 +45,46 @@ def test_every_session_gives_its_own_windows() -> None:
     jittery = _load({round(i * 0.1, 1): 0.020 for i in range(60)})
     maxima = quiet_latency_maxima([calm, jittery], [(0.0, 0.5), (5.0, 5.5)], 1.0)
     assert sorted(maxima) == pytest.approx([0.010] * 3 + [0.020] * 3)
+
+
+def test_a_run_where_no_fence_held_a_message_back_has_not_missed_the_pause_target() -> None:
+    # Every fence closed between two turns and moved on before the next message: no
+    # pause to measure. --check must not call that a miss (nothing exceeded 50 ms).
+    report: dict[str, Any] = {
+        "summary": {
+            "fence_pause_ms": {"p50": None, "p99": None},
+            "total_s": {"p50": 0.4, "p99": 0.9},
+            "catchup_entries_per_s": 60_000,
+            "lost": 0,
+            "duplicated": 0,
+            "reordered": 0,
+        }
+    }
+    report["targets"] = _check_targets(report)
+    assert report["targets"]["fence_pause_ms_p99"]["met"] is None
+
+    async def finished() -> dict[str, Any]:
+        return report
+
+    _run_and_report("migration", finished(), lambda _: None, as_json=True, check=True)
+
+
+def test_a_measured_pause_over_the_target_is_a_miss() -> None:
+    report: dict[str, Any] = {
+        "summary": {
+            "fence_pause_ms": {"p50": 30.0, "p99": 80.0},
+            "total_s": {"p50": 0.4, "p99": 0.9},
+            "catchup_entries_per_s": 60_000,
+            "lost": 0,
+            "duplicated": 0,
+            "reordered": 0,
+        }
+    }
+    report["targets"] = _check_targets(report)
+
+    async def finished() -> dict[str, Any]:
+        return report
+
+    with pytest.raises(SystemExit) as exited:
+        _run_and_report("migration", finished(), lambda _: None, as_json=True, check=True)
+    assert exited.value.code == 1

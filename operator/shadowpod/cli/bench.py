@@ -79,8 +79,7 @@ def _print_journal(report: dict[str, Any]) -> None:
         table.add_row(f"database bytes at {int(length):,} entries", f"{size:,}")
     table.add_row("bytes per entry", str(report["bytes_per_entry"]))
     for name, target in report.get("targets", {}).items():
-        verdict = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
-        table.add_row(f"target {name}", f"{target['measured']} vs {target['target']} {verdict}")
+        table.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))
     Console().print(table)
     Console().print(f"machine: {_machine(report)}")
 
@@ -183,13 +182,20 @@ def _print_migrate(report: dict[str, Any]) -> None:
             "client pause, restart / shadow", f"{summary['client_pause_restart_over_shadow']}x"
         )
     for name, target in report.get("targets", {}).items():
-        verdict = "[green]met[/green]" if target["met"] else "[red]missed[/red]"
-        facts.add_row(f"target {name}", f"{target['measured']} vs {target['target']} {verdict}")
+        facts.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))
     for name, goal in report.get("goals", {}).items():
-        verdict = "[green]reached[/green]" if goal["met"] else "[yellow]not reached[/yellow]"
-        facts.add_row(f"goal {name}", f"{goal['measured']} vs {goal['target']} {verdict}")
+        facts.add_row(
+            f"goal {name}", _against(goal, "[green]reached[/green]", "[yellow]not reached[/yellow]")
+        )
     Console().print(facts)
     Console().print(f"machine: {_machine(report)}")
+
+
+def _against(target: dict[str, Any], met: str, missed: str) -> str:
+    """A figure against its target; ``met`` is ``None`` when the run had no sample."""
+    if target["met"] is None:
+        return f"not measured (target {target['target']})"
+    return f"{target['measured']} vs {target['target']} {met if target['met'] else missed}"
 
 
 def _machine(report: dict[str, Any]) -> str:
@@ -223,7 +229,8 @@ def _run_and_report(
         click.echo(json.dumps(report, indent=2))
     else:
         print_table(report)
-    missed = [name for name, t in report.get("targets", {}).items() if not t["met"]]
+    # A target with no sample (``met`` None) was not missed: nothing exceeded it.
+    missed = [name for name, t in report.get("targets", {}).items() if t["met"] is False]
     if check and missed:
         click.echo(f"targets missed: {', '.join(missed)}", err=True)
         sys.exit(1)

@@ -26,6 +26,7 @@ from rich.text import Text
 
 from shadowpod import eventloop
 from shadowpod.engine.record import MigrationRecord, Phase
+from shadowpod.local.checks import Check
 from shadowpod.local.scenario import LiveScenario, ScenarioReport
 
 PHASE_STYLE = {Phase.SUCCEEDED: "green", Phase.ROLLED_BACK: "yellow", Phase.FAILED: "red"}
@@ -115,7 +116,10 @@ def report_json(report: ScenarioReport, rate: float) -> dict[str, Any]:
         },
         "latency_ms": v.latency_ms,
         "invariants": {"lost": v.lost, "duplicated": v.duplicated, "reordered": v.reordered},
-        "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in report.checks],
+        "checks": [
+            {"name": c.name, "ok": c.ok, "measured": c.measured, "detail": c.detail}
+            for c in report.checks
+        ],
     }
 
 
@@ -167,17 +171,20 @@ def print_report(report: ScenarioReport, rate: float, console: Console) -> None:
     checks.add_column("", justify="center")
     checks.add_column("detail")
     for check in report.checks:
-        checks.add_row(
-            check.name,
-            Text("ok" if check.ok else "BROKEN", style="green" if check.ok else "bold red"),
-            check.detail,
-        )
+        checks.add_row(check.name, _verdict(check), check.detail)
     console.print(checks)
     verdict = Text(
         "all invariants hold" if report.ok else "INVARIANTS BROKEN",
         style="bold green" if report.ok else "bold red",
     )
     console.print(Group(verdict))
+
+
+def _verdict(check: Check) -> Text:
+    if not check.ok:
+        return Text("BROKEN", style="bold red")
+    # Nothing to judge by in this run (see shadowpod.local.checks): not a pass either.
+    return Text("ok", style="green") if check.measured else Text("n/a", style="yellow")
 
 
 def _ms(value: float | None) -> str:

@@ -38,50 +38,18 @@ from shadowpod.engine.record import (
     Phase,
     Strategy,
 )
-from shadowpod.local.checks import Check, combine, merge, quiet_latency_maxima, session_checks
+from shadowpod.local.checks import Check, merge, session_checks
 from shadowpod.local.deployment import LocalDeployment
+from shadowpod.local.figures import combine, quiet_latency_maxima
 from shadowpod.local.images import ImageMap, reference_images
 from shadowpod.local.load import ClientLoad, Verdict
+from shadowpod.local.outcome import MigrationOutcome
 
 SESSION: Final = "demo"
 NAME: Final = "Ada"
 CREDENTIAL: Final = "weather-api"
 # A migration's window opens a little before it: messages sent just before may wait on it.
 WINDOW_LEAD_S: Final = 0.05
-
-
-@dataclass
-class MigrationOutcome:
-    record: MigrationRecord
-    started: float  # monotonic
-    ended: float
-    client_max_latency_ms: float
-    # (fence_seq, digest) the new owner reported for its state at the cutover ...
-    promoted: tuple[int, str] | None = None
-    # ... and whether it equals a fold of the journal up to there (checked by finish()).
-    state_matches: bool | None = None
-
-    def summary(self) -> dict[str, Any]:
-        r = self.record
-        return {
-            "id": r.spec.id,
-            "session": r.spec.session,
-            "strategy": r.spec.strategy,
-            "source": r.spec.source.image,
-            "target": r.spec.target.image,
-            "result": r.phase.value,
-            "error": r.error,
-            "total_s": None if r.total_s is None else round(r.total_s, 4),
-            "phases_s": {str(k): v for k, v in r.phase_seconds().items()},
-            "fence_pause_ms": r.fence_pause_ms,
-            "fence_wait_ms": None if r.fence is None else r.fence.waited_ms,
-            "fence_attempts": r.fence_attempts,
-            "catchup_entries": r.catchup_entries,
-            "catchup_entries_per_s": r.catchup_entries_per_s,
-            "client_max_latency_ms": round(self.client_max_latency_ms, 2),
-            "state_at_fence_matches": self.state_matches,
-            "notes": r.notes,
-        }
 
 
 @dataclass
@@ -259,11 +227,7 @@ class LiveScenario:
             if ownership.owner == record.spec.target.name:
                 live.owner = record.spec.target
         outcome = MigrationOutcome(
-            record=record,
-            started=started,
-            ended=ended,
-            client_max_latency_ms=0.0,
-            promoted=await self._promoted(record),
+            record=record, started=started, ended=ended, promoted=await self._promoted(record)
         )
         live.migrations.append(outcome)
         self.migrations.append(outcome)
@@ -284,6 +248,8 @@ class LiveScenario:
         """What the new owner reports of its state at the cutover (shadow strategy)."""
         if record.spec.strategy == "restart" or record.phase is not Phase.SUCCEEDED:
             return None
+        if record.recoveries:
+            return None  # restarted as owner after the cutover: it was never promoted
         for _ in range(20):  # a busy instance may not answer at once
             promoted = await self.deployment.runtime.promoted_state_digest(record.spec.target.name)
             if promoted is not None:
@@ -345,7 +311,9 @@ class LiveScenario:
         for outcome in self.migrations:
             live = self.sessions[outcome.record.spec.session]
             latencies = live.load.latencies(self._window(outcome))
-            outcome.client_max_latency_ms = max(latencies, default=0.0) * 1000
+            outcome.client_max_latency_ms = max(latencies) * 1000 if latencies else None
+            source = self.deployment.runtime.instance(outcome.record.spec.source.name)
+            outcome.source_exit = None if source is None else source.process.returncode
         checks: dict[str, list[Check]] = {}
         for live in self.sessions.values():
             journal = await self.journal(live.name)

@@ -1,0 +1,75 @@
+"""A check fails only when its property fails: runs in which nothing was lost, but a
+measure could not be taken, must not be reported as broken invariants."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+from shadowpod.engine.record import MigrationPolicy, MigrationRecord, Phase
+from shadowpod.local.scenario import LiveScenario, ScenarioReport
+from tests.engine.conftest import hooked_engine
+
+
+def _failed(report: ScenarioReport) -> list[str]:
+    return [f"{c.name}: {c.detail}" for c in report.checks if not c.ok]
+
+
+def _check(report: ScenarioReport, name: str) -> str:
+    [found] = [c for c in report.checks if c.name == name]
+    return found.detail
+
+
+async def test_a_shadow_killed_after_the_epoch_bump_is_a_recovery_not_a_broken_invariant(
+    scenario: LiveScenario,
+) -> None:
+    runtime = scenario.deployment.runtime
+
+    async def kill_new_owner(record: MigrationRecord) -> None:
+        await runtime.kill(record.spec.target.name)
+
+    engine = hooked_engine(scenario, {Phase.COMMITTED: kill_new_owner})
+    await asyncio.sleep(0.5)
+    outcome = await scenario.run_migration(scenario.plan("refagent:v2"), engine)
+    assert outcome.record.phase is Phase.SUCCEEDED, outcome.record.error
+    assert outcome.record.recoveries == 1
+    await asyncio.sleep(1.0)
+    report = await scenario.finish()
+    assert report.verdict.lost == 0 and report.verdict.duplicated == 0
+    assert _failed(report) == []
+    assert report.ok
+    # ... and it says why the state could not be compared, rather than passing silently.
+    detail = _check(report, "state at fence_seq equals the source's")
+    assert "restarted" in detail, detail
+
+
+async def test_a_source_killed_before_it_could_drain_breaks_no_invariant(
+    tmp_path: Path,
+) -> None:
+    policy = MigrationPolicy(fence_timeout_s=1.0, max_fence_attempts=5, phase_timeout_s=20.0)
+    async with LiveScenario(tmp_path, rate=50, policy=policy, heartbeat_s=0.0) as scenario:
+        runtime = scenario.deployment.runtime
+        await asyncio.sleep(0.5)
+        # Quiet first, so that the frozen source has nothing in hand the fence would wait for.
+        await scenario.stop_load()
+        assert await scenario.load.wait_answered(10.0)
+
+        async def freeze_source(record: MigrationRecord) -> None:
+            # It must not see the epoch move and drain before it is killed.
+            instance = runtime.instance(record.spec.source.name)
+            assert instance is not None
+            os.kill(instance.process.pid, signal.SIGSTOP)
+
+        async def kill_source(record: MigrationRecord) -> None:
+            await runtime.kill(record.spec.source.name)
+
+        hooks = {Phase.FENCING: freeze_source, Phase.COMMITTED: kill_source}
+        engine = hooked_engine(scenario, hooks)
+        outcome = await scenario.run_migration(scenario.plan("refagent:v2"), engine)
+        assert outcome.record.phase is Phase.SUCCEEDED, outcome.record.error
+        report = await scenario.finish()
+    # Killed, it could not report a drain; its background work died with it.
+    assert _failed(report) == []
+    assert f"exit code {-signal.SIGKILL}" in _check(report, "sources drained")
