@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+from typing import NoReturn
 
 from aiohttp import web
 
@@ -22,6 +23,7 @@ from shadowpod.agent.app import Agent
 from shadowpod.agent.runtime import AgentRuntime
 from shadowpod.agent.server import make_status_app
 from shadowpod.agent.settings import AgentSettings
+from shadowpod.agent.termination import write_termination_message
 
 
 async def serve_agent(agent: Agent, settings: AgentSettings) -> int:
@@ -34,9 +36,12 @@ async def serve_agent(agent: Agent, settings: AgentSettings) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, runtime.request_stop, main)
     try:
-        return await main
+        code = await main
     finally:
         await runner.cleanup()
+    if code and runtime.error:
+        write_termination_message(runtime.error)
+    return code
 
 
 def activate_warm_process() -> bool:
@@ -66,7 +71,7 @@ def run_agent(agent: Agent) -> None:
         try:
             if not activate_warm_process():
                 sys.exit(0)
-        except ValueError as exc:
+        except ValueError as exc:  # not an instance yet: nobody reads a termination message
             print(f"error: {exc}", file=sys.stderr)
             sys.exit(2)
     logs.configure(
@@ -76,6 +81,16 @@ def run_agent(agent: Agent) -> None:
     try:
         settings = AgentSettings.from_env()
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(eventloop.run(serve_agent(agent, settings)))
+        _exit_with(str(exc), 2)
+    try:
+        code = eventloop.run(serve_agent(agent, settings))
+    except Exception as exc:  # a crash before the runtime ran (identity, listen address)
+        write_termination_message(f"{type(exc).__name__}: {exc}")
+        raise
+    sys.exit(code)
+
+
+def _exit_with(message: str, code: int) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    write_termination_message(message)
+    sys.exit(code)

@@ -29,8 +29,10 @@ from typing import Final
 import aiohttp
 
 from shadowpod.agent.identity import Identity
+from shadowpod.agent.termination import TERMINATION_LOG_ENV
 from shadowpod.engine.ports import ImageInfo, InstanceSpec, InstanceStatus
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
+from shadowpod.local.exits import TERMINATION_LOG, exit_reason
 from shadowpod.local.images import ImageMap, LocalImage
 
 AGENT_PORT: Final = 8080
@@ -158,6 +160,11 @@ class LocalRuntime:
         for key, value in (("SHADOWPOD_EPOCH", spec.epoch), ("SHADOWPOD_SNAPSHOT", spec.snapshot)):
             if value is not None:
                 instance_env[key] = str(value)
+        # Where the agent writes why it stopped (a pod's terminationMessagePath); a
+        # restarted instance must not inherit the previous one's.
+        termination_log = home / TERMINATION_LOG
+        termination_log.unlink(missing_ok=True)
+        instance_env[TERMINATION_LOG_ENV] = str(termination_log)
         log = home / "agent.log"
         spare = self._spares.pop(spec.image, None)
         process = None if spare is None else await _activate(spare, instance_env)
@@ -187,9 +194,8 @@ class LocalRuntime:
         if instance is None:
             return InstanceStatus(name=name, alive=False, error="never started here")
         if instance.process.returncode is not None:
-            return InstanceStatus(
-                name=name, alive=False, error=f"exited with code {instance.process.returncode}"
-            )
+            error = exit_reason(instance.process.returncode, instance.log)
+            return InstanceStatus(name=name, alive=False, error=error)
         try:
             async with self.http.get(
                 f"{instance.url}/v1/status", timeout=STATUS_TIMEOUT
