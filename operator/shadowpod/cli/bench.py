@@ -17,6 +17,7 @@ from rich.table import Table
 from shadowpod import eventloop
 from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
+from shadowpod.cli.errors import fail
 
 DEFAULT_PG = "postgresql://127.0.0.1:5432/test"
 
@@ -223,8 +224,7 @@ def _run_and_report(
     try:
         report = eventloop.run(bench_run, terminate_gracefully=True)
     except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
-        click.echo(f"error: the {what} benchmark could not run: {exc}", err=True)
-        sys.exit(2)
+        fail(f"the {what} benchmark could not run: {exc}", 2)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

@@ -25,6 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shadowpod import eventloop
+from shadowpod.cli.errors import fail
 from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.local.checks import Check
 from shadowpod.local.scenario import LiveScenario, ScenarioReport
@@ -222,11 +223,13 @@ def _ms(value: float | None) -> str:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 def demo(rate: float, before_s: float, after_s: float, workdir: Path | None, as_json: bool) -> None:
-    """Run a live migration of an agent session (v1 → v2) under load, on this machine."""
+    """Run a live migration of an agent session (v1 → v2) under load, on this machine.
+
+    Exits 0 when every invariant holds, 1 when one broke, 2 when the demo could not run.
+    """
     console = Console(stderr=as_json)
     keep = workdir is not None
-    work = workdir or Path(tempfile.mkdtemp(prefix="shadowpod-demo-"))
-    work.mkdir(parents=True, exist_ok=True)
+    work = _fresh_workdir(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shadowpod-demo-"))
     try:
         if as_json:
             report = eventloop.run(
@@ -237,8 +240,8 @@ def demo(rate: float, before_s: float, after_s: float, workdir: Path | None, as_
                 _with_live(rate, before_s, after_s, work, console), terminate_gracefully=True
             )
     except Exception as exc:  # noqa: BLE001 — a demo that cannot run says why, briefly
-        click.echo(f"error: the demo could not run: {exc} (logs in {work})", err=True)
-        sys.exit(2)
+        logs = f"logs in {work}" if keep else "run it with --workdir DIR to keep its logs"
+        fail(f"the demo could not run: {exc} ({logs})", 2)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -247,3 +250,20 @@ def demo(rate: float, before_s: float, after_s: float, workdir: Path | None, as_
     else:
         print_report(report, rate, console)
     sys.exit(0 if report.ok else 1)
+
+
+def _fresh_workdir(workdir: Path) -> Path:
+    """``--workdir``, created if need be; refused if it holds anything already (an
+    earlier run's journal would hold its session: the demo starts from nothing)."""
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        used = any(workdir.iterdir())
+    except OSError as exc:
+        fail(f"cannot use --workdir {workdir}: {exc.strerror or exc}", 2)
+    if used:
+        fail(
+            f"--workdir {workdir} is not empty (an earlier run's journal and logs?): give a new "
+            "or empty directory, or remove this one",
+            2,
+        )
+    return workdir

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-import sys
+import errno
+import socket
 from pathlib import Path
 
 import click
 
 from shadowpod import eventloop, logs
+from shadowpod.cli.errors import fail
+from shadowpod.domain.errors import ShadowpodError
 from shadowpod.gateway.config import GatewayConfig, read_tokens
+from shadowpod.journal.factory import store_from_url
+
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+# Exit codes: 2 when the settings are wrong (as for a usage error), 1 when the gateway
+# cannot start as the world is (the database down, the port taken).
+BAD_SETTINGS = 2
+CANNOT_START = 1
 
 
 @click.command("gateway")
@@ -44,7 +54,12 @@ from shadowpod.gateway.config import GatewayConfig, read_tokens
     help="Largest snapshot an agent may store (a whole session state).",
 )
 @click.option("--no-schedules", is_flag=True, help="Do not fire schedules (another gateway does).")
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="info",
+    show_default=True,
+)
 @click.option(
     "--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True
 )
@@ -60,16 +75,21 @@ def gateway(
     log_level: str,
     log_format: str,
 ) -> None:
-    """Serve sessions: clients, owners, shadows and the control API over HTTP."""
+    """Serve sessions: clients, owners, shadows and the control API over HTTP.
+
+    Exits 2 when a setting is wrong, 1 when it cannot start (the journal cannot be
+    opened, the address is taken): one line on stderr says what to do.
+    """
     eventloop.exit_with_parent()
     logs.configure(log_level, log_format)
     try:
+        store_from_url(journal_url)  # a URL we cannot use is refused before anything starts
         config = GatewayConfig(
             journal_url=journal_url,
             host=host,
             port=port,
-            control_token_hashes=read_tokens(control_token_file),
-            client_token_hashes=read_tokens(client_token_file)
+            control_token_hashes=_tokens(control_token_file, "--control-token-file"),
+            client_token_hashes=_tokens(client_token_file, "--client-token-file")
             if client_token_file
             else frozenset(),
             max_body_bytes=max_body_bytes,
@@ -77,12 +97,43 @@ def gateway(
             schedules=not no_schedules,
         )
     except ValueError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        fail(str(exc), BAD_SETTINGS)
     from shadowpod.gateway.app import serve
 
     try:
         eventloop.run(serve(config))
+    except ShadowpodError as exc:  # the journal cannot be opened (see the stores' open)
+        fail(f"the gateway cannot start: {exc}", CANNOT_START)
     except OSError as exc:
-        click.echo(f"error: cannot serve on {host}:{port}: {exc}", err=True)
-        sys.exit(1)
+        fail(_cannot_listen(host, port, exc), CANNOT_START)
+
+
+def _tokens(path: Path, option: str) -> frozenset[str]:
+    try:
+        return read_tokens(path)
+    except UnicodeDecodeError:
+        raise ValueError(f"{option} {path} is not text: write one token per line (UTF-8)") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read {option} {path}: {exc.strerror or exc}") from None
+
+
+def _cannot_listen(host: str, port: int, exc: OSError) -> str:
+    where = f"{host}:{port}"
+    if isinstance(exc, socket.gaierror):
+        return f"cannot listen on {where}: --host {host!r} is not a known name or address"
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"cannot listen on {where}: another process is listening there; stop it or "
+            "choose another --port"
+        )
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return (
+            f"cannot listen on {where}: {host} is not an address of this machine; use one of "
+            "its addresses, or 0.0.0.0 for all of them"
+        )
+    if exc.errno == errno.EACCES:
+        return (
+            f"cannot listen on {where}: this user may not use port {port} (ports below 1024 "
+            "need privileges); choose another --port"
+        )
+    return f"cannot listen on {where}: {exc.strerror or exc}"

@@ -159,3 +159,10 @@ class InvalidTurn(ShadowpodError, ValueError):
             f"session {session!r}: {what} names turn {turn}, {why}; a turn is the seq of "
             "the inbound entry being processed, as delivered — nothing was appended"
         )
+
+
+class StoreUnusable(ShadowpodError):
+    """The journal's location cannot hold a journal (a directory, a file that is not a
+    database, no permission): retrying will not help; the URL or the path must change."""
+
+    reason = "StoreUnusable"

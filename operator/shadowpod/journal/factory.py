@@ -19,9 +19,10 @@ def store_from_url(url: str) -> JournalStore:
         from shadowpod.journal.sqlite.store import SQLiteJournalStore
 
         path = parts.path if parts.netloc == "" else f"{parts.netloc}{parts.path}"
-        if not path:
+        if not path or path.endswith("/"):
             raise ValueError(f"journal URL {url!r} names no file: use sqlite:///path/journal.db")
-        return SQLiteJournalStore(Path(path))
+        # sqlite:////abs/path.db (SQLAlchemy's spelling of an absolute path) means the same.
+        return SQLiteJournalStore(Path("/" + path.lstrip("/") if path.startswith("/") else path))
     if parts.scheme in ("postgresql", "postgres"):
         from shadowpod.journal.postgres.store import PostgresJournalStore
 

@@ -35,6 +35,9 @@ class LocalDeployment:
         journal_url: str | None = None,
         warm_spares: bool = False,
     ) -> None:
+        # Absolute: instances and the gateway are told paths that must not depend on
+        # the directory they run in.
+        workdir = workdir.absolute()
         self.workdir = workdir
         self.gateway = GatewayProcess(workdir / "gateway", journal_url=journal_url)
         self.runtime = LocalRuntime(

@@ -15,6 +15,7 @@ from typing import Final
 import aiohttp
 
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
+from shadowpod.local.exits import exit_reason
 
 READY_TIMEOUT_S: Final = 30.0
 
@@ -32,8 +33,9 @@ class GatewayProcess:
     def __init__(
         self, workdir: Path, *, journal_url: str | None = None, port: int | None = None
     ) -> None:
-        self.workdir = workdir
-        self.journal_url = journal_url or f"sqlite:///{workdir / 'journal.db'}"
+        # Absolute: sqlite:/// + a relative path would name a file under the root.
+        self.workdir = workdir.absolute()
+        self.journal_url = journal_url or f"sqlite://{self.workdir / 'journal.db'}"
         self.host = "127.0.0.1"
         self.port = port or free_port()
         self.control_token = secrets.token_urlsafe(24)
@@ -69,8 +71,9 @@ class GatewayProcess:
             while True:
                 assert self.process is not None
                 if self.process.returncode is not None:
+                    # Its last line says why (``shadowpod gateway`` ends on one line).
                     raise RuntimeError(
-                        f"the gateway exited with {self.process.returncode}; see {self.log}"
+                        f"the gateway {exit_reason(self.process.returncode, self.log)}"
                     )
                 with contextlib.suppress(aiohttp.ClientError):
                     async with http.get(

@@ -37,7 +37,7 @@ from shadowpod.journal.arguments import (
     check_schema_version,
     check_seq,
 )
-from shadowpod.journal.errors import SnapshotNotFound, StoreUnavailable
+from shadowpod.journal.errors import SnapshotNotFound, StoreUnavailable, StoreUnusable
 from shadowpod.journal.followers import Followers
 from shadowpod.journal.postgres import ops
 from shadowpod.journal.postgres.listener import NotificationListener
@@ -92,6 +92,11 @@ class PostgresJournalStore:
             raise StoreUnavailable(
                 f"cannot reach PostgreSQL for the journal ({exc}); check the DSN and that "
                 "the server is up"
+            ) from exc
+        except psycopg.Error as exc:  # reached, but refused: privileges, a foreign schema
+            raise StoreUnusable(
+                f"PostgreSQL refused to set up the journal in schema {self.schema!r} ({exc}); "
+                "grant this user CREATE on the database, or use another shadowpod_schema"
             ) from exc
         self._pool = AsyncConnectionPool(
             self.dsn,

@@ -32,6 +32,7 @@ from shadowpod.journal.followers import Followers
 from shadowpod.journal.recent import RecentEntries
 from shadowpod.journal.sqlite import snapshot_sql, sql
 from shadowpod.journal.sqlite.checkpointer import Checkpointer
+from shadowpod.journal.sqlite.open_failure import open_failure
 from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
 from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
 
@@ -82,8 +83,11 @@ class SQLiteJournalStore:
     # --- lifecycle --------------------------------------------------------------------
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        await asyncio.to_thread(self._init_schema)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(self._init_schema)
+        except (OSError, sqlite3.Error) as exc:
+            raise open_failure(self.path, exc) from exc
         self._writer = GroupCommitWriter(
             self._connect_writer, asyncio.get_running_loop(), self._committed
         )

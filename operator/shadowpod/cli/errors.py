@@ -1,0 +1,17 @@
+"""How a ``shadowpod`` command ends on an error a user can fix: one line on stderr that
+says what is wrong and what to do, and an exit code — never a traceback. Each command
+documents its exit codes (``--help``; docs/cli.md).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import click
+
+
+def fail(message: str, code: int) -> NoReturn:
+    """Print ``error: message`` as one line (drivers' multi-line messages folded) and exit."""
+    click.echo(f"error: {' '.join(message.split())}", err=True)
+    sys.exit(code)
