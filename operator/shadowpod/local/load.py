@@ -34,6 +34,8 @@ class Sent:
     id: str
     at: float
     seq: int | None = None
+    # The gateway did not accept it within ``GIVE_UP_S``: no reply is owed.
+    given_up: bool = False
 
 
 @dataclass
@@ -130,7 +132,8 @@ class ClientLoad:
                     raise
                 self._failures += 1
                 if time.monotonic() > deadline:
-                    return  # counted as never accepted
+                    message.given_up = True  # counted as never accepted
+                    return
                 await asyncio.sleep(RETRY_S)
                 continue
             message.seq = accepted.seq
@@ -167,19 +170,23 @@ class ClientLoad:
                 await asyncio.sleep(RETRY_S)
 
     async def wait_answered(self, timeout_s: float) -> bool:
-        """Until every accepted message has a reply (or the timeout)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if all(s.seq is not None and s.seq in self.replies for s in self.sent):
-                return True
+        """Until every accepted message has a reply, or no reply at all has come for
+        ``timeout_s``: a session still working through its backlog is slow, not losing
+        messages, so it is waited for as long as it answers."""
+        replies, progress_at = len(self.reply_order), time.monotonic()
+        while self.oldest_wait_s() > 0:
+            if len(self.reply_order) != replies:
+                replies, progress_at = len(self.reply_order), time.monotonic()
+            elif time.monotonic() - progress_at > timeout_s:
+                return False
             await asyncio.sleep(0.05)
-        return False
+        return True
 
     def oldest_wait_s(self) -> float:
         """How long the oldest message still without a reply has waited (0: none)."""
         while self._first_open < len(self.sent):
             oldest = self.sent[self._first_open]
-            if oldest.seq is None or oldest.seq not in self.replies:
+            if not oldest.given_up and (oldest.seq is None or oldest.seq not in self.replies):
                 return time.monotonic() - oldest.at
             self._first_open += 1
         return 0.0
