@@ -217,6 +217,34 @@ def test_a_port_in_use(tmp_path: Path, token_file: Path) -> None:
     )
 
 
+def _unprivileged_port_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_unprivileged_port_start").read_text())
+    except OSError:
+        return 1024
+
+
+@pytest.mark.skipif(
+    (os.geteuid() == 0 and shutil.which("setpriv") is None) or _unprivileged_port_start() <= 80,
+    reason="needs a user who may not listen on port 80",
+)
+def test_a_privileged_port(shared_dir: Path) -> None:
+    token = shared_dir / "token"
+    token.write_text("a-control-token\n")
+    token.chmod(0o644)
+    shared_dir.chmod(0o777)  # the journal can be created: only the port is refused
+    result = shadowpod(
+        "gateway", "--journal", f"sqlite://{shared_dir}/journal.db",
+        "--control-token-file", str(token), "--port", "80",
+        as_nobody=os.geteuid() == 0,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert error_line(result) == (
+        "error: cannot listen on 127.0.0.1:80: this user may not use port 80 (ports below "
+        "1024 need privileges); choose another --port"
+    )
+
+
 def test_an_address_not_of_this_machine(tmp_path: Path, token_file: Path) -> None:
     result = shadowpod(
         "gateway", "--journal", f"sqlite://{tmp_path}/journal.db",
