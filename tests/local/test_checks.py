@@ -200,3 +200,35 @@ def test_a_promoted_state_that_differs_from_the_fold_fails() -> None:
         "state at fence_seq equals the source's",
     )
     assert not state.ok and state.measured
+
+
+def _moved_journal() -> JournalBuilder:
+    journal = JournalBuilder()
+    journal.add("control", epoch=1, event="epoch", owner="s-v1")
+    first = journal.inbound("hello")
+    journal.reply("hi", turn=first, epoch=1)
+    journal.add("control", epoch=2, event="epoch", owner="s-1")
+    return journal
+
+
+def test_a_write_of_a_replaced_owner_after_its_fence_is_caught() -> None:
+    journal = _moved_journal()
+    late = journal.inbound("again")
+    journal.reply("stale", turn=late, epoch=1)  # the fenced owner still wrote
+    fenced = _check(
+        session_checks([_migration()], _load([]), journal.entries, name=NAME),
+        "no write of a fenced epoch after its fence",
+    )
+    assert not fenced.ok and "seq 6 (message) at epoch 1 of 2" in fenced.detail
+
+
+def test_writes_of_the_new_owner_and_inbound_after_the_fence_are_fine() -> None:
+    journal = _moved_journal()
+    after = journal.inbound("again")
+    journal.reply("fresh", turn=after, epoch=2)
+    journal.add("control", event="drained", owner="s-v1")  # journaled by the gateway
+    fenced = _check(
+        session_checks([_migration()], _load([]), journal.entries, name=NAME),
+        "no write of a fenced epoch after its fence",
+    )
+    assert fenced.ok and fenced.measured, fenced.detail

@@ -4,6 +4,7 @@ only the instance's log: the agent's termination message (a pod's
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -48,9 +49,10 @@ async def test_a_target_that_cannot_read_the_state_rolls_back_saying_why(tmp_pat
         await dep.create_session("s", image="refagent:v2", instance="s-v2")
         client = dep.client()
         try:
-            await client.post_message("s", "hello", id="m1")  # v2 writes its own state
+            await client.post_message("s", "hello", id="m1")
         finally:
             await client.close()
+        await _state_written(dep)  # before the snapshot: the shadow must meet it on restore
         record = dep.plan(
             "s",
             source=InstanceRef(name="s-v2", image="refagent:v2"),
@@ -65,6 +67,17 @@ async def test_a_target_that_cannot_read_the_state_rolls_back_saying_why(tmp_pat
         assert "schema v2" in record.error
         # ... and the source never stopped serving.
         assert (await dep.runtime.status("s-v2")).ready
+
+
+async def _state_written(dep: LocalDeployment, timeout_s: float = 30.0) -> None:
+    """Until the owner has journaled its own state (its first turn is done)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        entries, _ = await dep.admin.journal("s", after=0, limit=1000)
+        if any(e.kind == "state" for e in entries):
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError("the owner wrote no state")
 
 
 async def test_an_instance_that_dies_before_its_code_runs_is_explained_by_its_log(

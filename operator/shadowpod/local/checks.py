@@ -56,6 +56,7 @@ def session_checks(
         ),
         _memory_kept(load, name),
         _state_at_fence(succeeded),
+        _fenced_epochs_silent(journal),
         _schedules_fired_once(journal),
         _sources_drained(succeeded, journal),
     ]
@@ -115,6 +116,26 @@ def _state_at_fence(succeeded: Sequence[MigrationOutcome]) -> Check:
         matched == len(compared),
         detail,
         measured=bool(compared),
+    )
+
+
+def _fenced_epochs_silent(journal: list[JournalEntry]) -> Check:
+    """No entry written at an epoch after a later epoch's marker: a replaced owner
+    wrote nothing once fenced (inbound and gateway entries are epoch 0)."""
+    current, changes, late = 0, 0, []
+    for entry in journal:
+        if entry.kind == EntryKind.CONTROL and entry.payload.get("event") == ControlEvent.EPOCH:
+            changes += current > 0
+            current = max(current, entry.epoch)
+        elif 0 < entry.epoch < current:
+            late.append(f"seq {entry.seq} ({entry.kind}) at epoch {entry.epoch} of {current}")
+    detail = (
+        f"{len(late)} writes of a replaced owner after its fence"
+        + (f": {', '.join(late[:5])}" if late else "")
+        + f" ({changes} owner changes)"
+    )
+    return Check(
+        "no write of a fenced epoch after its fence", not late, detail, measured=changes > 0
     )
 
 
