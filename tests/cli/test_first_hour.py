@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -19,6 +20,7 @@ import psycopg
 import pytest
 
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
+from tests.cli.test_cli import _alive, _start_demo
 from tests.conftest import PG_DSN, drop_pg_schema, postgres_unavailable
 
 NOBODY = 65534
@@ -298,3 +300,19 @@ def test_the_demo_says_why_an_agent_could_not_start(tmp_path: Path) -> None:
     assert line.startswith("error: the demo could not run: instance 'demo-v1' exited with code 2")
     assert f"can't open file '{tmp_path}/no-examples/01-reference-agent/refagent.py'" in line
     assert line.endswith("(run it with --workdir DIR to keep its logs)")
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find child processes")
+def test_ctrl_c_stops_the_demo_and_what_it_started_without_calling_it_a_failure(
+    tmp_path: Path,
+) -> None:
+    demo, started = _start_demo(tmp_path / "demo")
+    try:
+        demo.send_signal(signal.SIGINT)
+        _, stderr = demo.communicate(timeout=60)
+    finally:
+        demo.kill()
+    assert demo.returncode == 128 + signal.SIGINT, stderr  # not 1: no invariant broke
+    assert stderr.strip().splitlines()[-1] == "interrupted: every process it started was stopped"
+    assert "Traceback" not in stderr
+    assert [pid for pid in started if _alive(pid)] == []

@@ -17,7 +17,7 @@ from rich.table import Table
 from shadowpod import eventloop
 from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
-from shadowpod.cli.errors import fail
+from shadowpod.cli.errors import fail, interrupted
 
 DEFAULT_PG = "postgresql://127.0.0.1:5432/test"
 
@@ -223,6 +223,8 @@ def _run_and_report(
     when asked to check."""
     try:
         report = eventloop.run(bench_run, terminate_gracefully=True)
+    except KeyboardInterrupt:
+        interrupted()
     except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
         fail(f"the {what} benchmark could not run: {exc}", 2)
     if as_json:

@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shadowpod import eventloop
-from shadowpod.cli.errors import fail
+from shadowpod.cli.errors import fail, interrupted
 from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.local.checks import Check
 from shadowpod.local.scenario import LiveScenario, ScenarioReport
@@ -239,6 +239,8 @@ def demo(rate: float, before_s: float, after_s: float, workdir: Path | None, as_
             report = eventloop.run(
                 _with_live(rate, before_s, after_s, work, console), terminate_gracefully=True
             )
+    except KeyboardInterrupt:
+        interrupted()
     except Exception as exc:  # noqa: BLE001 — a demo that cannot run says why, briefly
         logs = f"logs in {work}" if keep else "run it with --workdir DIR to keep its logs"
         fail(f"the demo could not run: {exc} ({logs})", 2)

@@ -5,6 +5,7 @@ documents its exit codes (``--help``; docs/cli.md).
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import NoReturn
 
@@ -15,3 +16,10 @@ def fail(message: str, code: int) -> NoReturn:
     """Print ``error: message`` as one line (drivers' multi-line messages folded) and exit."""
     click.echo(f"error: {' '.join(message.split())}", err=True)
     sys.exit(code)
+
+
+def interrupted() -> NoReturn:
+    """Ctrl-C: the run's clean-up has stopped what it started; exit 130 as the signal
+    would (not 1, which says a check failed)."""
+    click.echo("interrupted: every process it started was stopped", err=True)
+    sys.exit(128 + signal.SIGINT)
