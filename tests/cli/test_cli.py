@@ -196,14 +196,23 @@ def _start_demo(workdir: Path) -> tuple[subprocess.Popen[str], set[int]]:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc to find child processes")
-def test_sigterm_stops_the_demo_and_the_processes_it_started(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_signal_stops_the_demo_and_the_processes_it_started(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
     demo, started = _start_demo(tmp_path / "demo")
     try:
-        demo.send_signal(signal.SIGTERM)
+        demo.send_signal(signum)
         _, stderr = demo.communicate(timeout=60)
     finally:
         demo.kill()
-    assert demo.returncode == 128 + signal.SIGTERM, stderr
+    # 128 + the signal, as a shell reports it; not 1, which says an invariant broke.
+    assert demo.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr
+    if signum == signal.SIGINT:
+        assert stderr.strip().splitlines()[-1] == (
+            "interrupted: every process it started was stopped"
+        )
     assert [pid for pid in started if _alive(pid)] == []
 
 
