@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 from shadowpod.engine.record import MigrationPolicy, MigrationRecord, Phase
+from shadowpod.local.runtime import LocalRuntime
 from shadowpod.local.scenario import SESSION, LiveScenario, ScenarioReport
 from tests.engine.conftest import hooked_engine
 
@@ -22,13 +23,23 @@ def _check(report: ScenarioReport, name: str) -> str:
     return found.detail
 
 
+async def _crash(runtime: LocalRuntime, name: str) -> None:
+    """The instance and its children die at once. Frozen first: a promoted shadow
+    starts its background process just now, and one started between the runtime's
+    look for children and its SIGKILL would outlive it (an orphan, not what we test)."""
+    instance = runtime.instance(name)
+    assert instance is not None
+    os.kill(instance.process.pid, signal.SIGSTOP)
+    await runtime.kill(name)
+
+
 async def test_a_shadow_killed_after_the_epoch_bump_is_a_recovery_not_a_broken_invariant(
     scenario: LiveScenario,
 ) -> None:
     runtime = scenario.deployment.runtime
 
     async def kill_new_owner(record: MigrationRecord) -> None:
-        await runtime.kill(record.spec.target.name)
+        await _crash(runtime, record.spec.target.name)
 
     engine = hooked_engine(scenario, {Phase.COMMITTED: kill_new_owner})
     await asyncio.sleep(0.5)
