@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv bytecode lint typecheck test demo bench clean
+.PHONY: venv bytecode lint typecheck test demo bench image image-test clean
 
 # Re-installs only when pyproject.toml changes; otherwise this is a no-op.
 $(STAMP): pyproject.toml
@@ -39,6 +39,16 @@ demo: bytecode
 
 bench: bytecode
 	$(BIN)/shadowpod bench journal --json
+
+# The container images: shadowpod:VERSION (operator, gateway) and shadowpod-refagent:v1,
+# :v2 (the reference agent). Needs Docker with BuildKit; see hack/image-build.
+image:
+	hack/image-build
+
+# Builds the images and runs each entrypoint in a hardened container (tests/image);
+# skips, saying why, where no Docker daemon answers (`hack/dockerd start` starts one).
+image-test: $(STAMP)
+	SHADOWPOD_IMAGE_TESTS=1 $(BIN)/pytest tests/image
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
