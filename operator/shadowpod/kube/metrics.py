@@ -1,0 +1,125 @@
+"""The operator's Prometheus metrics (``/metrics``).
+
+Names carry the ``shadowpod_`` prefix; histograms are in seconds with explicit buckets
+up to ten minutes (the client's default stops at ten seconds, and a migration's
+``maxDurationSeconds`` may be far longer); counters end in ``_total``. No label holds a
+session's or a migration's name: a cluster has thousands, and each would be a series.
+The alerts in the Helm chart (``charts/shadowpod``) and their tests read these names.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from shadowpod import __version__
+
+# Up to 10 minutes: a migration's phases take milliseconds to minutes.
+DURATION_BUCKETS: Final = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
+# A fence pause is what a user waits through: finer at the low end.
+PAUSE_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    600.0,
+)
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.migrations = Counter(
+            "shadowpod_migrations",
+            "Finished migrations, by result (Succeeded, RolledBack, Failed) and reason "
+            "(the failure's reason; the request's reason when it succeeded).",
+            ["result", "reason"],
+            registry=r,
+        )
+        self.migration_duration = Histogram(
+            "shadowpod_migration_duration_seconds",
+            "Time from a migration's start to its end, by result.",
+            ["result"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.phase_duration = Histogram(
+            "shadowpod_migration_phase_duration_seconds",
+            "Time a migration spent in each phase.",
+            ["phase"],
+            buckets=DURATION_BUCKETS,
+            registry=r,
+        )
+        self.fence_pause = Histogram(
+            "shadowpod_migration_fence_pause_seconds",
+            "How long the first message held back by a migration's fence waited for the new owner.",
+            buckets=PAUSE_BUCKETS,
+            registry=r,
+        )
+        self.in_progress = Gauge(
+            "shadowpod_migrations_in_progress",
+            "Migrations started and not finished, by phase.",
+            ["phase"],
+            registry=r,
+        )
+        self.phase_entered = Gauge(
+            "shadowpod_migration_phase_entered_timestamp_seconds",
+            "When the oldest migration now in each phase entered it (0 when none is): "
+            "time() minus this is how long one has been stuck there.",
+            ["phase"],
+            registry=r,
+        )
+        self.sessions = Gauge(
+            "shadowpod_sessions",
+            "AgentSessions, by phase (Pending, Running, Migrating, Paused, Failed).",
+            ["phase"],
+            registry=r,
+        )
+        self.sessions_without_owner = Gauge(
+            "shadowpod_sessions_without_ready_owner",
+            "AgentSessions whose owner pod is not Ready.",
+            registry=r,
+        )
+        self.reconcile_errors = Counter(
+            "shadowpod_reconcile_errors",
+            "Reconciles that failed, by kind (AgentSession, AgentMigration, Node) and reason.",
+            ["kind", "reason"],
+            registry=r,
+        )
+        self.build_info = Gauge(
+            "shadowpod_build_info",
+            "Always 1; the labels say which build runs.",
+            ["version"],
+            registry=r,
+        )
+        self.build_info.labels(version=__version__).set(1)
