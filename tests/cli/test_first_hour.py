@@ -10,9 +10,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -21,15 +19,17 @@ import pytest
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 from tests.conftest import PG_DSN, drop_pg_schema, postgres_unavailable
 
-NOBODY = 65534
+# Root without its capabilities: permissions then apply to it as to any user, while the
+# checkout (which may be private to root, as in a fresh clone under a 0700 directory)
+# stays readable — as another user it would not be.
+UNPRIVILEGED = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"]
 
 
 def shadowpod(
-    *args: str, cwd: Path | None = None, as_nobody: bool = False, timeout: float = 60
+    *args: str, cwd: Path | None = None, unprivileged: bool = False, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
-    prefix = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
     return subprocess.run(
-        [*(prefix if as_nobody else []), sys.executable, "-m", "shadowpod", *args],
+        [*(UNPRIVILEGED if unprivileged else []), sys.executable, "-m", "shadowpod", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -98,37 +98,31 @@ def test_a_journal_under_a_file(tmp_path: Path, token_file: Path) -> None:
 
 
 @pytest.fixture
-def shared_dir() -> Iterator[Path]:
-    """A directory another user can enter (pytest's own is private to this one), with
-    a control token they can read."""
-    path = Path(tempfile.mkdtemp(prefix="shadowpod-first-hour-"))
-    path.chmod(0o755)
-    token = path / "token"
-    token.write_text("a-control-token\n")
-    token.chmod(0o644)
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def workdir(tmp_path: Path) -> Path:
+    """A directory with a control token, for the gateway run without privileges."""
+    (tmp_path / "token").write_text("a-control-token\n")
+    return tmp_path
 
 
 def unprivileged_gateway(
-    shared_dir: Path, journal: str, *, port: int
+    workdir: Path, journal: str, *, port: int
 ) -> subprocess.CompletedProcess[str]:
-    """The gateway run by a user without privileges (``nobody`` when we are root)."""
+    """The gateway run without privileges (root without its capabilities, when we are root)."""
     return shadowpod(
         "gateway", "--journal", journal,
-        "--control-token-file", str(shared_dir / "token"), "--port", str(port),
-        as_nobody=os.geteuid() == 0,
+        "--control-token-file", str(workdir / "token"), "--port", str(port),
+        unprivileged=os.geteuid() == 0,
     )  # fmt: skip
 
 
 @pytest.mark.skipif(
     os.geteuid() == 0 and shutil.which("setpriv") is None,
-    reason="as root every directory is writable; needs setpriv to run as another user",
+    reason="as root every directory is writable; needs setpriv to drop root's capabilities",
 )
-def test_a_journal_in_a_directory_this_user_may_not_write(shared_dir: Path) -> None:
-    locked = shared_dir / "locked"
+def test_a_journal_in_a_directory_this_user_may_not_write(workdir: Path) -> None:
+    locked = workdir / "locked"
     locked.mkdir(mode=0o555)
-    result = unprivileged_gateway(shared_dir, f"sqlite://{locked}/journal.db", port=0)
+    result = unprivileged_gateway(workdir, f"sqlite://{locked}/journal.db", port=0)
     assert result.returncode == 1
     assert error_line(result) == (
         f"error: the gateway cannot start: cannot create the SQLite journal "
@@ -236,9 +230,8 @@ def _unprivileged_port_start() -> int:
     (os.geteuid() == 0 and shutil.which("setpriv") is None) or _unprivileged_port_start() <= 80,
     reason="needs a user who may not listen on port 80",
 )
-def test_a_privileged_port(shared_dir: Path) -> None:
-    shared_dir.chmod(0o777)  # the journal can be created: only the port is refused
-    result = unprivileged_gateway(shared_dir, f"sqlite://{shared_dir}/journal.db", port=80)
+def test_a_privileged_port(workdir: Path) -> None:
+    result = unprivileged_gateway(workdir, f"sqlite://{workdir}/journal.db", port=80)
     assert result.returncode == 1
     assert error_line(result) == (
         "error: cannot listen on 127.0.0.1:80: this user may not use port 80 (ports below "
