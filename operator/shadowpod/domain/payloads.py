@@ -16,7 +16,7 @@ import copy
 from enum import StrEnum
 from typing import Annotated, Any, Final, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict, create_model
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict, create_model, model_validator
 
 from shadowpod.domain.bounds import INT32_MAX, INT64_MAX, EntrySeq, Epoch, SchemaVersion
 
@@ -183,12 +183,40 @@ class CredentialPayload(Payload):
     secret_ref: str | None = Field(default=None, max_length=500)
 
 
+# A split state entry has at most this many parts (of up to a gateway's body each).
+MAX_STATE_PARTS: Final = 100_000
+
+
+class StatePart(Payload):
+    """One of ``count`` parts of a ``state`` entry too large for one append.
+
+    ``data`` is a slice of the base64 text of the whole payload's JSON (base64: a slice
+    of JSON text would be escaped again inside its part, to a size nobody can tell in
+    advance). Parts of one ``group`` are journaled in order; the reducer applies the
+    whole entry when the last one arrives, and nothing of it before.
+    """
+
+    group: str = Field(min_length=1, max_length=200)
+    index: Annotated[int, Strict()] = Field(ge=0, le=MAX_STATE_PARTS - 1)
+    count: Annotated[int, Strict()] = Field(ge=1, le=MAX_STATE_PARTS)
+    data: str = Field(min_length=1)
+
+
 class StatePayload(TurnScoped):
     """The agent's own structured state, journaled so that state stays a pure fold."""
 
     values: dict[str, JsonValue] = Field(default_factory=dict)
     replace: bool = False
     schema_version: SchemaVersion = 1
+    part: StatePart | None = Field(
+        default=None, description="Set on the parts of an entry too large for one append."
+    )
+
+    @model_validator(mode="after")
+    def _a_part_carries_only_its_part(self) -> StatePayload:
+        if self.part is not None and (self.values or self.replace):
+            raise ValueError("a state part carries no values of its own: they are in its data")
+        return self
 
 
 class AckPayload(Payload):

@@ -10,12 +10,21 @@ arrived. That way the transcript is what the owner actually saw, even when messa
 arrive mid-turn. It stays in ``pending`` until its ack: a turn that started but was
 never acked is still work for the next owner.
 
+A ``state`` entry too large for one append is journaled in parts (``StatePart``);
+they wait in ``state.agent.parts`` and the whole entry is applied when the last one
+arrives — nothing of it before, so no one ever sees half of it. Parts of a turn that
+ended without them (its owner died mid-way and the redone turn wrote other values)
+are dropped with that turn's ack; parts outside any turn (adopting the session) with
+the next epoch, whose owner adopts the session anew.
+
 ``fold`` and ``StateFolder`` copy the state's containers once and then apply entries
 in place, so replaying *n* entries costs O(n), not O(n²).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Final
@@ -57,6 +66,7 @@ from shadowpod.domain.state import (
     ProcessStatus,
     Schedule,
     SessionState,
+    StateParts,
     ToolCall,
     TranscriptMessage,
 )
@@ -333,6 +343,11 @@ def _credential(state: SessionState, entry: JournalEntry, payload: Payload) -> N
 def _state(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
     assert isinstance(payload, StatePayload)
     _start_turn(state, payload.turn)
+    if payload.part is not None:
+        whole = _state_part(state, entry, payload)
+        if whole is None:
+            return
+        payload = whole
     if payload.replace:
         state.agent.values = dict(payload.values)
     else:
@@ -341,11 +356,51 @@ def _state(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
         state.agent.schema_version = payload.schema_version
 
 
+def _state_part(
+    state: SessionState, entry: JournalEntry, payload: StatePayload
+) -> StatePayload | None:
+    """Keep one part; the whole entry's payload once its last part is here."""
+    part = payload.part
+    assert part is not None
+    if payload.turn is not None and payload.turn not in state.pending:
+        return None  # its turn has ended: nothing of it can apply any more
+    parts = state.agent.parts
+    known = parts.get(part.group)
+    if known is None or known.count != part.count:
+        known = StateParts(turn=payload.turn, count=part.count)
+    if part.index != len(known.data):
+        return None  # a repeat, or a part whose predecessors never came: never applied
+    data = (*known.data, part.data)
+    if len(data) < part.count:
+        parts[part.group] = StateParts(turn=known.turn, count=known.count, data=data)
+        return None
+    parts.pop(part.group, None)
+    try:
+        whole = _STATE_READ_BACK.model_validate_json(base64.b64decode("".join(data), validate=True))
+    except (ValidationError, binascii.Error) as exc:
+        detail = _short(exc) if isinstance(exc, ValidationError) else f"data: {exc}"
+        _keep_as_extension(state, entry, error=f"state parts of {part.group}: {detail}")
+        return None
+    assert isinstance(whole, StatePayload)
+    if whole.part is not None or whole.turn != payload.turn:
+        _keep_as_extension(state, entry, error=f"state parts of {part.group}: not one whole entry")
+        return None
+    return whole
+
+
+def _drop_parts(state: SessionState, turn: int | None) -> None:
+    parts = state.agent.parts
+    for group in [group for group, known in parts.items() if known.turn == turn]:
+        del parts[group]
+
+
 def _ack(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
     assert isinstance(payload, AckPayload)
     _start_turn(state, payload.turn)
     state.pending.pop(payload.turn, None)
     state.acked_turn = max(state.acked_turn, payload.turn)
+    if state.agent.parts:
+        _drop_parts(state, payload.turn)
 
 
 def _control(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
@@ -353,6 +408,8 @@ def _control(state: SessionState, entry: JournalEntry, payload: Payload) -> None
     if payload.event is ControlEvent.EPOCH and payload.epoch is not None:
         state.epoch = payload.epoch
         state.owner = payload.owner
+        if state.agent.parts:
+            _drop_parts(state, None)
 
 
 def _keep_as_extension(state: SessionState, entry: JournalEntry, error: str | None) -> None:
@@ -368,6 +425,9 @@ def _short(exc: ValidationError) -> str:
     where = ".".join(str(part) for part in first["loc"])
     return f"{where}: {first['msg']}" if where else str(first["msg"])
 
+
+# The whole payload of a split entry: JSON text, so its values are JSON already.
+_STATE_READ_BACK: Final = read_back_model(StatePayload)
 
 _HANDLERS: Final[dict[str, _Handler]] = {
     EntryKind.MESSAGE: _Handler(MessagePayload, _message),

@@ -16,6 +16,8 @@ History:
 - v3: processing order (pending inbound, ``acked_turn``, turn of each message); tool
   calls have a ``status`` (``pending`` is an uncertain side effect) and the ledger
   records which tools are declared idempotent; the agent's own state and schema.
+- v4: the parts of a split agent-state entry that have arrived so far
+  (``agent.parts``); a v3 document has none.
 """
 
 from __future__ import annotations
@@ -82,10 +84,17 @@ def _v2_to_v3(doc: Document) -> Document:
     return doc
 
 
+def _v3_to_v4(doc: Document) -> Document:
+    agent = doc.setdefault("agent", {"values": {}, "schema_version": 1})
+    agent.setdefault("parts", {})
+    return doc
+
+
 # MIGRATIONS[n] turns a version-n document into a version-(n+1) document.
 MIGRATIONS: Final[Mapping[int, MigrationStep]] = {
     1: _v1_to_v2,
     2: _v2_to_v3,
+    3: _v3_to_v4,
 }
 
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, SkipValidation
 
 from shadowpod.domain.payloads import ProcessOp, Role, ToolStatus
 
-CURRENT_SCHEMA_VERSION: Final = 3
+CURRENT_SCHEMA_VERSION: Final = 4
 
 Json: TypeAlias = SkipValidation[JsonValue]
 _ITEM_CONFIG: Final = ConfigDict(extra="forbid")
@@ -154,6 +154,17 @@ class Fact:
     seq: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateParts:
+    """The parts of a split ``state`` entry that have arrived so far, in order."""
+
+    __pydantic_config__ = _ITEM_CONFIG
+
+    turn: int | None = None
+    count: int
+    data: tuple[str, ...] = ()
+
+
 class AgentState(BaseModel):
     """The agent's own structured state (``state`` entries), in the agent's schema."""
 
@@ -161,6 +172,9 @@ class AgentState(BaseModel):
 
     values: dict[str, JsonValue] = Field(default_factory=dict)
     schema_version: int = 1
+    # Split state entries not complete yet, by group (see ``StatePart``): kept in the
+    # state so that a snapshot taken between two parts folds on like the journal does.
+    parts: dict[str, StateParts] = Field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -215,7 +229,9 @@ class SessionState(BaseModel):
                 "processes": dict(self.processes),
                 "facts": dict(self.facts),
                 "agent": AgentState.model_construct(
-                    values=dict(self.agent.values), schema_version=self.agent.schema_version
+                    values=dict(self.agent.values),
+                    schema_version=self.agent.schema_version,
+                    parts=dict(self.agent.parts),
                 ),
                 "extensions": list(self.extensions),
             }
