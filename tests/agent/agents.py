@@ -1,17 +1,28 @@
 """Small agents for the agent runtime tests, run as real processes.
 
-    python tests/agent/agents.py surfaces    # or: sidefx
+    python tests/agent/agents.py surfaces    # or: surfaces2, sidefx
 
 ``surfaces`` touches every state surface from a turn, one command per message:
 
 - ``remember <key> <value>`` (memory), ``learn <fact id> <text>`` (facts), ``count``
   (the agent's own state);
 - ``schedule <id> <seconds>`` sets a schedule;
-- ``spawn <name> obedient|stubborn`` starts a background process that writes
-  ``$PROBE_DIR/<name>.up`` once it is set up; a stubborn one ignores SIGTERM;
+- ``spawn <name> obedient|stubborn|tree|leaver`` starts a background process that
+  writes ``$PROBE_DIR/<name>.up`` once it is set up; a stubborn one ignores SIGTERM;
+  a tree one starts a child of its own in another process group and writes ``up
+  <its pid>``; a leaver starts a child in its own group, writes ``up <its pid>`` and
+  exits;
 - ``echo <text>`` calls the idempotent ``echo`` tool;
 - ``boom`` raises;
+- ``grow <key> <n>`` keeps ``n`` characters (quotes, backslashes and non-ASCII among
+  them) as one value of the agent's state; ``sizes`` answers the length of each;
+- ``bulk <k> <n>`` remembers ``k`` values of ``n`` characters in one turn;
+- ``shout <n>`` answers with ``n`` characters;
+- ``poison`` marks the agent's state as one ``surfaces2`` cannot migrate;
 - anything else is answered ``heard: <content>``.
+
+``surfaces2`` is the same agent with state schema 2: it reads schema 1 through a
+migration that copies the values (and refuses a poisoned state).
 
 ``sidefx`` has two tools with a side effect, each appending a line to
 ``$SIDEFX_LOG`` every time it runs and then taking ``$SIDEFX_TOOL_S`` seconds:
@@ -42,15 +53,42 @@ STUBBORN = (
 OBEDIENT = (
     "import pathlib, sys, time\npathlib.Path(sys.argv[1]).write_text('up')\ntime.sleep(600)\n"
 )
+SLEEPER = "import time\ntime.sleep(600)\n"
+TREE = (
+    "import pathlib, subprocess, sys, time\n"
+    f"child = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}], start_new_session=True)\n"
+    "pathlib.Path(sys.argv[1]).write_text(f'up {child.pid}')\n"
+    "time.sleep(600)\n"
+)
+LEAVER = (
+    "import pathlib, subprocess, sys\n"
+    f"child = subprocess.Popen([sys.executable, '-c', {SLEEPER!r}])\n"
+    "pathlib.Path(sys.argv[1]).write_text(f'up {child.pid}')\n"
+)
+CODE = {"obedient": OBEDIENT, "stubborn": STUBBORN, "tree": TREE, "leaver": LEAVER}
+# Characters JSON escapes, and some it does not (non-ASCII): no size is as it looks.
+FILLER = '"\\é'
 
 
 def _meta(turn: Turn) -> dict[str, JsonValue]:
     return {"instance": turn.instance, "epoch": turn.epoch}
 
 
-def surfaces() -> Agent:
-    agent = Agent("surfaces", version="1")
+def filler(n: int) -> str:
+    return (FILLER * (n // len(FILLER) + 1))[:n]
+
+
+def surfaces(state_schema: int = 1) -> Agent:
+    agent = Agent("surfaces", version=str(state_schema), state_schema=state_schema)
     probe_dir = Path(os.environ.get("PROBE_DIR", "."))
+
+    if state_schema == 2:
+
+        @agent.migration(from_version=1)
+        def copy_values(values: dict[str, JsonValue]) -> dict[str, JsonValue]:
+            if values.get("poison"):
+                raise ValueError("this state is poisoned: surfaces v2 cannot read it")
+            return dict(values)
 
     @agent.tool(idempotent=True)
     async def echo(text: str) -> JsonValue:
@@ -78,10 +116,26 @@ def surfaces() -> Agent:
             await turn.reply(f"scheduled {schedule_id}", **_meta(turn))
         elif command == "spawn":
             name, _, kind = rest.partition(" ")
-            code = STUBBORN if kind == "stubborn" else OBEDIENT
             marker = probe_dir / f"{name}.up"
-            pid = await turn.spawn(name, [sys.executable, "-c", code, str(marker)])
+            pid = await turn.spawn(name, [sys.executable, "-c", CODE[kind], str(marker)])
             await turn.reply(f"spawned {name} {pid}", pid=pid, **_meta(turn))
+        elif command == "grow":
+            key, _, n = rest.partition(" ")
+            turn.values[key] = filler(int(n))
+            await turn.reply(f"grew {key}", **_meta(turn))
+        elif command == "sizes":
+            sizes = {k: len(v) for k, v in sorted(turn.values.items()) if isinstance(v, str)}
+            await turn.reply(f"sizes {sizes}", sizes=sizes, **_meta(turn))
+        elif command == "bulk":
+            k, _, n = rest.partition(" ")
+            for index in range(int(k)):
+                turn.remember(f"bulk-{index}", filler(int(n)))
+            await turn.reply(f"remembered {k}", **_meta(turn))
+        elif command == "shout":
+            await turn.reply(filler(int(rest)), **_meta(turn))
+        elif command == "poison":
+            turn.values["poison"] = True
+            await turn.reply("poisoned", **_meta(turn))
         elif command == "echo":
             result = await turn.tool("echo", {"text": rest})
             await turn.reply(f"tool said {result}", **_meta(turn))
@@ -130,7 +184,7 @@ def sidefx() -> Agent:
     return agent
 
 
-AGENTS = {"surfaces": surfaces, "sidefx": sidefx}
+AGENTS = {"surfaces": surfaces, "surfaces2": lambda: surfaces(2), "sidefx": sidefx}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in AGENTS:

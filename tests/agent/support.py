@@ -41,6 +41,18 @@ def agent_images(workdir: Path) -> ImageMap:
         {
             "images": {
                 "surfaces:1": {"command": ["{python}", str(AGENTS), "surfaces"], "env": env},
+                # Reads surfaces:1's state (schema 1) through a migration.
+                "surfaces:2": {
+                    "command": ["{python}", str(AGENTS), "surfaces2"],
+                    "env": env,
+                    "state_schema": 2,
+                    "reads_state_schemas": [1, 2],
+                },
+                # Believes the gateway takes 8 MiB per append: it must learn otherwise.
+                "surfaces:big-appends": {
+                    "command": ["{python}", str(AGENTS), "surfaces"],
+                    "env": {**env, "SHADOWPOD_MAX_APPEND_BYTES": str(8 * 1024 * 1024)},
+                },
                 "surfaces:slow-drain": {
                     "command": ["{python}", str(AGENTS), "surfaces"],
                     "env": {**env, "SHADOWPOD_DRAIN_GRACE_S": "2"},

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from shadowpod.agent.app import Agent
+from shadowpod.agent.appends import fitting_id
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import StatePayload, ToolResultPayload, ToolStatus
 from shadowpod.domain.state import SessionState
@@ -32,7 +33,7 @@ def adoption_entries(agent: Agent, state: SessionState, epoch: int) -> list[NewE
                         "not repeated",
                         turn=call.turn,
                     ),
-                    id=f"tool-result:{call.call_id}",
+                    id=fitting_id(f"tool-result:{call.call_id}"),
                 )
             )
     if state.agent.values and state.agent.schema_version != agent.state_schema:

@@ -22,6 +22,7 @@ import aiohttp
 
 from shadowpod.agent.adoption import adoption_entries
 from shadowpod.agent.app import Agent
+from shadowpod.agent.appends import AppendLimits, WriteRefused, permanent, plan_appends
 from shadowpod.agent.identity import Identity
 from shadowpod.agent.processes import ProcessRegistry
 from shadowpod.agent.promotion import Promotion
@@ -48,6 +49,8 @@ class OwnerLoop:
     epoch: int
     turns: int
     promotion: Promotion | None
+    limits: AppendLimits
+    serving: bool
     _awaiting: int
     _released: int
     _channel: OwnerChannelClient | None
@@ -90,6 +93,7 @@ class OwnerLoop:
                         if adopting is not None:
                             task, adopting = adopting, None
                             await task  # its turns ran while the channel opened
+                            self.serving = True
                         await self._serve(channel)
                 except ChannelClosed as exc:
                     if exc.superseded:
@@ -101,8 +105,9 @@ class OwnerLoop:
                 except GatewayError as exc:
                     if exc.reason == "Fenced":
                         self._superseded = True
-                    elif exc.status in (401, 404):
-                        raise
+                    elif permanent(exc):
+                        why = await self._refusal(exc)
+                        raise WriteRefused(f"the gateway refused this owner: {why}") from exc
                     else:
                         failures = await self._backoff(failures, exc)
                 except TRANSIENT as exc:
@@ -114,6 +119,21 @@ class OwnerLoop:
                 adopting.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await adopting
+
+    async def _refusal(self, exc: GatewayError) -> GatewayError:
+        """The gateway's own words for a refusal: a refused WebSocket handshake carries
+        only a status, the same request over plain HTTP the JSON error."""
+        if exc.reason != "HandshakeFailed":
+            return exc
+        try:
+            await self.client.owner_entries(
+                self.session, epoch=self.epoch, after=self.folder.watermark, limit=1
+            )
+        except GatewayError as explained:
+            return explained
+        except TRANSIENT:
+            pass
+        return exc
 
     def _adopt_at_once(self) -> asyncio.Task[None] | None:
         """A promoted shadow starts the turns a fence held back before its owner
@@ -132,6 +152,7 @@ class OwnerLoop:
             self._take(channel)
             if not self._adopted:
                 await self._become_owner()
+                self.serving = True  # adopted, and the gateway took our channel
             elif (inbound := self._next_inbound(self.folder.peek())) is not None:
                 await self._turns(TurnGroup(self.folder.peek(), self.epoch, self._append), inbound)
             else:
@@ -157,16 +178,21 @@ class OwnerLoop:
         back): one append, not two, before their clients hear back. The turns see the
         state as adopted.
         """
+        self.processes.epoch = self.epoch  # whose background processes they will be
         state = self.folder.peek()
         entries = adoption_entries(self.agent, state, self.epoch)
         group = TurnGroup(state, self.epoch, self._append)
         if entries:
             state = group.hold(entries)
+        journaled = self._awaiting
         if (inbound := self._next_inbound(state)) is not None:
             await self._turns(group, inbound)
         else:
             await group.flush()
         self._adopted = True
+        # The gateway took what adopting wrote at our epoch: seen serving. (With nothing
+        # to write, the owner channel opening at our epoch is what shows it.)
+        self.serving = self._awaiting > journaled
         logger.info(
             "serving as owner",
             extra={
@@ -229,8 +255,37 @@ class OwnerLoop:
             self._in_turn = False
 
     async def _append(self, entries: Sequence[NewEntry]) -> list[int]:
-        """Journal at our epoch; retried (same ids, so never doubled) while the gateway
-        is away. Our entries come back through the channel like everyone else's."""
+        """Journal at our epoch, in appends the gateway takes (see
+        ``shadowpod.agent.appends``); returns the seqs of what was journaled. Our
+        entries come back through the channel like everyone else's."""
+        seqs: list[int] = []
+        rest = list(entries)
+        while rest:
+            for batch in plan_appends(rest, self.limits):
+                try:
+                    seqs += await self._append_batch(batch.entries)
+                except GatewayError as exc:
+                    if exc.status != 413:
+                        raise
+                    if not self.limits.learn(exc):
+                        raise WriteRefused(f"the gateway refused an append: {exc}") from exc
+                    logger.warning(
+                        "the gateway refused an append as too large (%s); cutting appends "
+                        "to %d bytes and %d entries",
+                        exc,
+                        self.limits.max_bytes,
+                        self.limits.max_entries,
+                        extra={"session": self.session},
+                    )
+                    rest = rest[batch.first :]
+                    break
+            else:
+                rest = []
+        return seqs
+
+    async def _append_batch(self, entries: Sequence[NewEntry]) -> list[int]:
+        """One append; retried (same ids, so never doubled) while the gateway is away.
+        ``WriteRefused`` when it can never succeed; a 413 goes to the caller."""
         deadline = time.monotonic() + APPEND_RETRY_S
         failures = 0
         while True:
@@ -246,14 +301,20 @@ class OwnerLoop:
                 if exc.reason == "Fenced":
                     self._superseded = True
                     raise Superseded(str(exc)) from None
-                if exc.status < 500 or time.monotonic() > deadline:
+                if exc.status == 413:
+                    raise
+                if permanent(exc):
+                    raise WriteRefused(f"the gateway refused an append for good: {exc}") from exc
+                if time.monotonic() > deadline:
                     raise
                 failures = await self._backoff(failures, exc)
             except ChannelClosed as exc:
                 if exc.superseded:
                     self._superseded = True
                     raise Superseded(str(exc)) from None
-                self._channel = None  # retried over HTTP; the loop reconnects the channel
+                # Retried over HTTP (a frame over the gateway's limit closes the channel;
+                # HTTP answers 413 naming the limit); the loop reconnects the channel.
+                self._channel = None
                 failures = await self._backoff(failures, exc)
             except TRANSIENT as exc:
                 if time.monotonic() > deadline:

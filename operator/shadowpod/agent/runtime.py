@@ -11,6 +11,11 @@ it, it is the owner: it migrates the agent's state to its schema, decides about
 uncertain tool calls, and starts taking turns at the new epoch. An owner whose epoch
 is superseded stops taking work, drains its background processes, reports, and
 exits 0.
+
+An owner whose write the gateway refuses for good (``WriteRefused``) stops taking
+turns and stays up, failed: not ready, not healthy, the error in its status — a
+process that exited would take its reason with it, and a session that silently stops
+answering is the one outcome nobody can act on.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Sequence
 from typing import Final, Literal
 
 from shadowpod.agent.app import Agent
+from shadowpod.agent.appends import AppendLimits, WriteRefused, permanent
 from shadowpod.agent.identity import Identity
 from shadowpod.agent.owner import TRANSIENT, OwnerLoop
 from shadowpod.agent.processes import ProcessRegistry
@@ -55,10 +61,14 @@ class AgentRuntime(OwnerLoop):
         self.settings = settings
         self.mode: Mode = "starting"
         self.ready = False
+        # Owner at ``epoch``, adopted, and the gateway took its writes: what a migration
+        # waits for before it calls itself done.
+        self.serving = False
         self.epoch = 0
         self.identity = Identity.load(settings.identity_dir)
         self.folder = StateFolder(SessionState())
-        self.processes = ProcessRegistry()
+        self.processes = ProcessRegistry(settings.process_inventory)
+        self.limits = AppendLimits(settings.max_append_bytes, settings.max_append_entries)
         self.turns = 0
         self.catchup: CatchUp | None = None
         self.promotion: Promotion | None = None
@@ -119,6 +129,8 @@ class AgentRuntime(OwnerLoop):
         except asyncio.CancelledError:
             await self._drain()
             return 0
+        except WriteRefused as exc:
+            return await self._refused(exc)
         except Exception as exc:
             logger.exception("agent runtime failed", extra={"session": self.session})
             self.mode, self.error = "failed", f"{type(exc).__name__}: {exc}"
@@ -157,7 +169,11 @@ class AgentRuntime(OwnerLoop):
                     failures = 0
                     if self.promotion is not None:
                         break
-            except (*TRANSIENT, GatewayError) as exc:
+            except GatewayError as exc:
+                if permanent(exc):
+                    raise
+                failures = await self._backoff(failures, exc)
+            except TRANSIENT as exc:
                 failures = await self._backoff(failures, exc)
         if self.promotion is not None:
             self.epoch = self.promotion.epoch
@@ -229,31 +245,51 @@ class AgentRuntime(OwnerLoop):
             return
         was_owner = self.mode == "owner"
         self.mode = "draining"
-        if self._hook is not None and not self._hook.done():
-            self._hook.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._hook
-        await self.snapshots.cancel()
-        self.drained = await self.processes.drain(self.settings.drain_grace_s)
-        if was_owner:
-            report = DrainReport(
-                instance=self.identity.instance, epoch=self.epoch, processes=self.drained
-            )
-            try:
-                await self.client.drained(self.session, report)
-            except (*TRANSIENT, GatewayError) as exc:
-                logger.warning(
-                    "could not report the drain: %s", exc, extra={"session": self.session}
-                )
+        self.serving = False
+        drained = await self._stop_background(report=was_owner)
         self.mode = "stopped"
         logger.info(
             "stopped",
             extra={
                 "session": self.session,
                 "epoch": self.epoch,
-                "processes": [p.name for p in self.drained],
+                "processes": [p.name for p in drained],
             },
         )
+
+    async def _refused(self, exc: WriteRefused) -> int:
+        """Fail for good, visibly (see the module's docstring); exit 1 on SIGTERM."""
+        logger.error(
+            "the owner cannot go on: %s", exc, extra={"session": self.session, "epoch": self.epoch}
+        )
+        self.mode, self.ready, self.serving, self.error = "failed", False, False, str(exc)
+        await self._stop_background(report=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.Event().wait()  # until SIGTERM (see ``request_stop``)
+        return 1
+
+    async def _stop_background(self, *, report: bool) -> list[ProcessReport]:
+        """Stop what runs besides turns; drain the background processes and, as an
+        owner, journal what became of them."""
+        if self._hook is not None and not self._hook.done():
+            self._hook.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._hook
+        await self.snapshots.cancel()
+        drained = self.drained = await self.processes.drain(self.settings.drain_grace_s)
+        if report:
+            try:
+                await self.client.drained(
+                    self.session,
+                    DrainReport(
+                        instance=self.identity.instance, epoch=self.epoch, processes=drained
+                    ),
+                )
+            except (*TRANSIENT, GatewayError) as exc:
+                logger.warning(
+                    "could not report the drain: %s", exc, extra={"session": self.session}
+                )
+        return drained
 
     async def _backoff(self, failures: int, exc: BaseException) -> int:
         delay = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]

@@ -31,6 +31,7 @@ def status_of(runtime: AgentRuntime) -> dict[str, Any]:
         "instance": runtime.identity.instance,
         "mode": runtime.mode,
         "ready": runtime.ready,
+        "serving": runtime.serving,
         "epoch": runtime.epoch,
         "watermark": state.watermark,
         "pending": len(state.pending),

@@ -10,7 +10,13 @@
 - ``SHADOWPOD_SNAPSHOT_EVERY``: owner: snapshot every N journal entries (10000; 0 =
   never);
 - ``SHADOWPOD_DRAIN_GRACE_S``: seconds between SIGTERM and SIGKILL for background
-  processes (5).
+  processes (5);
+- ``SHADOWPOD_MAX_APPEND_BYTES``, ``SHADOWPOD_MAX_APPEND_ENTRIES``: the gateway's
+  limits on one append (its ``--max-body-bytes``, 1 MiB, and 1000 entries): an
+  owner's writes are cut to fit them, and narrowed further when the gateway's 413
+  names a smaller one;
+- ``SHADOWPOD_PROCESS_INVENTORY``: a file where the background processes are listed
+  as they start and end (for whoever cleans up after this process, should it die).
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from shadowpod.agent.appends import SMALLEST_BODY
 
 
 class AgentSettings(BaseModel):
@@ -34,6 +42,9 @@ class AgentSettings(BaseModel):
     port: int = Field(default=8080, ge=0, le=65535)
     snapshot_every: int = Field(default=10_000, ge=0)
     drain_grace_s: float = Field(default=5.0, ge=0)
+    max_append_bytes: int = Field(default=1024 * 1024, ge=SMALLEST_BODY)
+    max_append_entries: int = Field(default=1000, ge=1)
+    process_inventory: Path | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
@@ -54,6 +65,9 @@ class AgentSettings(BaseModel):
             ("SHADOWPOD_SNAPSHOT", "snapshot"),
             ("SHADOWPOD_SNAPSHOT_EVERY", "snapshot_every"),
             ("SHADOWPOD_DRAIN_GRACE_S", "drain_grace_s"),
+            ("SHADOWPOD_MAX_APPEND_BYTES", "max_append_bytes"),
+            ("SHADOWPOD_MAX_APPEND_ENTRIES", "max_append_entries"),
+            ("SHADOWPOD_PROCESS_INVENTORY", "process_inventory"),
         ):
             if key in env:
                 values[field] = env[key]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Final
 
 from pydantic import JsonValue
 
+from shadowpod.agent.appends import fitting_id
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import (
     AckPayload,
@@ -105,7 +106,8 @@ class OwnerContext:
 
     def _emit(self, payload: Payload) -> None:
         self._output_no += 1
-        self._outputs.append(NewEntry.of(payload, id=f"{self._id_prefix}:{self._output_no}"))
+        entry_id = fitting_id(f"{self._id_prefix}:{self._output_no}")
+        self._outputs.append(NewEntry.of(payload, id=entry_id))
 
     def schedule(self, schedule_id: str, *, every_s: float, content: str = "") -> None:
         """Fire ``content`` into this session every ``every_s`` seconds, whoever owns it."""

@@ -38,6 +38,15 @@ class InstanceSpec(BaseModel):
 
 
 class InstanceStatus(BaseModel):
+    """What an instance reports (``alive``), or how it ended (not ``alive``).
+
+    ``mode``, alive: ``starting``, ``shadow``, ``owner``, ``draining``, ``stopped``, or
+    ``failed`` — stopped for good, ``error`` says why (an owner whose writes the gateway
+    refuses stays up in it). Not alive: ``failed`` (it exited on an error of its own),
+    ``stopped`` (it exited cleanly), ``crashed`` (a signal or the machine ended it: a
+    new instance recovers) or ``unknown`` (never started by this runtime).
+    """
+
     model_config = ConfigDict(frozen=True)
 
     name: str
@@ -49,7 +58,15 @@ class InstanceStatus(BaseModel):
     catchup_entries: int | None = None
     catchup_entries_per_s: float | None = None
     promoted_fence_seq: int | None = None
+    serving: bool = Field(
+        default=False,
+        description="Owner at ``epoch``, with its adoption of the session journaled there.",
+    )
     error: str | None = None
+    left_behind: list[str] = Field(
+        default_factory=list,
+        description="What the instance left running when it died, killed by the runtime.",
+    )
 
 
 class FenceOutcome(BaseModel):

@@ -10,6 +10,10 @@ skips the interpreter start and the agent's imports, about half a second of CPU 
 the cores that serve while it runs. The spare is made when an instance exits — at
 the end of a migration, not inside the next one — so the first start of an image is
 a cold one. Both strategies use it, so the restart baseline gains as much.
+
+When an instance dies, whatever it left running is killed and, if it was an owner
+with background processes, what became of them is journaled on its behalf (see
+``shadowpod.local.orphans``); its status says what was killed.
 """
 
 from __future__ import annotations
@@ -18,25 +22,35 @@ import asyncio
 import contextlib
 import itertools
 import json
+import logging
 import os
 import random
 import signal
 import socket
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
 import aiohttp
 
 from shadowpod.agent.identity import Identity
+from shadowpod.agent.processes import ProcessInventory
 from shadowpod.agent.termination import TERMINATION_LOG_ENV
+from shadowpod.api.models import DrainReport
+from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.engine.ports import ImageInfo, InstanceSpec, InstanceStatus
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 from shadowpod.local.exits import TERMINATION_LOG, exit_reason
 from shadowpod.local.images import ImageMap, LocalImage
+from shadowpod.local.orphans import INVENTORY_ENV, TAG_ENV, Reaped, drain_report, kill_tagged
 
+logger = logging.getLogger(__name__)
 AGENT_PORT: Final = 8080
 STATUS_TIMEOUT: Final = aiohttp.ClientTimeout(total=1.0)
+# How long a drain report on a dead owner's behalf is retried while the gateway is away.
+REPORT_RETRY_S: Final = 15.0
+REPORT_CLOSE_S: Final = 2.0
 
 
 @dataclass
@@ -45,6 +59,9 @@ class LocalInstance:
     host: str
     process: asyncio.subprocess.Process
     log: Path
+    tag: str  # in the environment of every process of this instance
+    inventory: Path
+    reaping: asyncio.Task[Reaped] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -101,6 +118,7 @@ class LocalRuntime:
         self._last_image: str | None = None  # of the last start: the next one's likely
         self._watchers: set[asyncio.Task[None]] = set()
         self._making_spare = asyncio.Lock()
+        self._reports: set[asyncio.Task[None]] = set()
 
     def register_session(self, session: str, agent_token: str) -> None:
         """The agent token instances of ``session`` present (given once at creation)."""
@@ -123,6 +141,12 @@ class LocalRuntime:
         for spare in list(self._spares.values()):
             await _dismiss(spare)
         self._spares.clear()
+        reaping = [i.reaping for i in self._instances.values() if i.reaping is not None]
+        await asyncio.gather(*reaping, return_exceptions=True)
+        if self._reports:  # a little while, for a gateway that is there
+            _, late = await asyncio.wait(list(self._reports), timeout=REPORT_CLOSE_S)
+            for task in late:
+                task.cancel()
         if self._http is not None:
             await self._http.close()
 
@@ -140,6 +164,8 @@ class LocalRuntime:
         running = self._instances.get(spec.name)
         if running is not None and running.process.returncode is None:
             raise RuntimeError(f"instance {spec.name!r} is already running")
+        if running is not None and running.reaping is not None:
+            await running.reaping  # what it left behind goes before anything new starts
         if spec.session not in self._tokens:
             raise KeyError(f"no agent token registered for session {spec.session!r}")
         home = self.workdir / "instances" / spec.name
@@ -151,11 +177,15 @@ class LocalRuntime:
             token=self._tokens[spec.session],
         )
         host = self._allocate_host()
+        tag = uuid.uuid4().hex
+        inventory = home / f"processes-{tag[:12]}.json"
         instance_env = {
             "SHADOWPOD_IDENTITY_DIR": str(home / "identity"),
             "SHADOWPOD_MODE": spec.mode,
             "SHADOWPOD_LISTEN": f"{host}:{AGENT_PORT}",
             "SHADOWPOD_CREDENTIALS_DIR": str(self.credentials_dir),
+            TAG_ENV: tag,
+            INVENTORY_ENV: str(inventory),
         }
         for key, value in (("SHADOWPOD_EPOCH", spec.epoch), ("SHADOWPOD_SNAPSHOT", spec.snapshot)):
             if value is not None:
@@ -187,15 +217,25 @@ class LocalRuntime:
             watcher = asyncio.create_task(self._spare_after_exit(process))
             self._watchers.add(watcher)
             watcher.add_done_callback(self._watchers.discard)
-        self._instances[spec.name] = LocalInstance(spec, host, process, log)
+        instance = LocalInstance(spec, host, process, log, tag, inventory)
+        instance.reaping = asyncio.create_task(self._reap(instance), name=f"reap-{spec.name}")
+        self._instances[spec.name] = instance
 
     async def status(self, name: str) -> InstanceStatus:
         instance = self._instances.get(name)
         if instance is None:
             return InstanceStatus(name=name, alive=False, error="never started here")
-        if instance.process.returncode is not None:
-            error = exit_reason(instance.process.returncode, instance.log)
-            return InstanceStatus(name=name, alive=False, error=error)
+        if (code := instance.process.returncode) is not None:
+            reaped = Reaped() if instance.reaping is None else await instance.reaping
+            return InstanceStatus(
+                name=name,
+                alive=False,
+                # It ended by itself (a fatal error: >0; or stopped: 0), or a signal
+                # ended it: a crash, which a new instance recovers from.
+                mode="failed" if code > 0 else "stopped" if code == 0 else "crashed",
+                error=exit_reason(code, instance.log),
+                left_behind=reaped.summary(),
+            )
         try:
             async with self.http.get(
                 f"{instance.url}/v1/status", timeout=STATUS_TIMEOUT
@@ -215,6 +255,7 @@ class LocalRuntime:
             catchup_entries=catchup.get("entries"),
             catchup_entries_per_s=catchup.get("entries_per_s"),
             promoted_fence_seq=promotion.get("fence_seq"),
+            serving=bool(data.get("serving")),
             error=data.get("error"),
         )
 
@@ -283,17 +324,61 @@ class LocalRuntime:
         return {**os.environ, **image.env, **self._env, **parent}
 
     async def kill(self, name: str) -> None:
-        """SIGKILL the instance and all its descendants at once: a crash (a pod's
+        """SIGKILL the instance and everything it started at once: a crash (a pod's
         processes die with it), for tests and chaos drills."""
         instance = self._instances.get(name)
         if instance is None or instance.process.returncode is not None:
             return
-        family = _descendants(instance.process.pid)  # before the parent goes
         _signal(instance.process, signal.SIGKILL)
-        for pid in family:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        await asyncio.to_thread(kill_tagged, instance.tag)
         await instance.process.wait()
+
+    async def _reap(self, instance: LocalInstance) -> Reaped:
+        """Once the instance's process has exited: kill what it left running, and
+        journal what became of its background processes on its behalf."""
+        code = await instance.process.wait()
+        try:
+            killed = await asyncio.to_thread(kill_tagged, instance.tag)
+        except OSError as exc:  # no /proc: nothing found, nothing killed
+            logger.error("could not look for what %s left running: %s", instance.spec.name, exc)
+            killed = []
+        inventory = ProcessInventory.read(instance.inventory)
+        report = drain_report(instance.spec.name, inventory, code)
+        reaped = Reaped(killed, report)
+        if killed or report is not None:
+            logger.warning(
+                "instance %s exited with code %s; after it: %s",
+                instance.spec.name,
+                instance.process.returncode,
+                "; ".join(reaped.summary()),
+            )
+        if report is not None:
+            task = asyncio.create_task(self._report(instance.spec.session, report))
+            self._reports.add(task)
+            task.add_done_callback(self._reports.discard)
+        return reaped
+
+    async def _report(self, session: str, report: DrainReport) -> None:
+        """Send a drain report for a dead owner (ids derived from owner, epoch and
+        process: one it sent itself before dying is not doubled)."""
+        token = self._tokens.get(session)
+        deadline = asyncio.get_running_loop().time() + REPORT_RETRY_S
+        async with GatewayClient(self.gateway_url, token) as client:
+            while True:
+                try:
+                    await client.drained(session, report)
+                    return
+                except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
+                    if asyncio.get_running_loop().time() > deadline or (
+                        isinstance(exc, GatewayError) and exc.status < 500
+                    ):
+                        logger.error(
+                            "could not journal what instance %s left behind: %s",
+                            report.instance,
+                            exc,
+                        )
+                        return
+                await asyncio.sleep(0.25)
 
     # --- internals --------------------------------------------------------------------
 
@@ -310,28 +395,6 @@ class LocalRuntime:
             if host not in in_use and _free(host, AGENT_PORT):
                 return host
         raise RuntimeError("no free 127.0.x.y address for another local agent instance")
-
-
-def _descendants(root: int) -> list[int]:
-    """Every process below ``root``, found through /proc (children in other process
-    groups and sessions included: background processes start their own)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 async def _activate(spare: WarmSpare, env: dict[str, str]) -> asyncio.subprocess.Process | None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
-from shadowpod.local.runtime import _descendants
+from shadowpod.local.orphans import descendants
 from tests.kube.emulator.store import now
 from tests.kube.kubelet import api as raw
 from tests.kube.kubelet import containers as build
@@ -193,7 +193,7 @@ class PodWorker:
         for run in self.containers.values():
             if run.running:
                 assert run.process is not None
-                run.family.update(_descendants(run.process.pid))
+                run.family.update(descendants(run.process.pid))
                 probe = run.spec.get("readinessProbe")
                 if probe is not None and loop.time() >= run.next_probe:
                     run.next_probe = loop.time() + float(probe.get("periodSeconds", 10))
@@ -278,7 +278,7 @@ class PodWorker:
             run.restart_at = None
             if run.running:
                 assert run.process is not None
-                run.family.update(_descendants(run.process.pid))
+                run.family.update(descendants(run.process.pid))
                 with contextlib.suppress(ProcessLookupError):
                     run.process.send_signal(signal.SIGTERM)
         while any(run.running for run in self.containers.values()):
@@ -295,7 +295,7 @@ class PodWorker:
         if run.process is None:
             return
         if run.process.returncode is None:
-            run.family.update(_descendants(run.process.pid))
+            run.family.update(descendants(run.process.pid))
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.process.pid, signal.SIGKILL)
         for pid in run.family:
