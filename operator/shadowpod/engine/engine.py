@@ -9,7 +9,10 @@ correctly from wherever the previous engine stopped.
 Anything that fails before the epoch bump rolls back: the shadow is removed, any
 fence is lifted, and the source, which never stopped serving, stays owner. After the
 bump there is no way back; the engine finishes forward (restarting the new owner if
-it dies) or reports ``Failed`` for the normal recovery path.
+it crashes) or reports ``Failed`` for the normal recovery path. ``Succeeded`` means
+the new owner was seen serving — its adoption of the session journaled at the new
+epoch — not only started: a new owner that fails before that (its takeover write
+refused, say) fails the migration, with its error.
 """
 
 from __future__ import annotations
@@ -147,9 +150,11 @@ class MigrationEngine:
 
     async def _alive(self, name: str, role: str) -> InstanceStatus:
         status = await self.runtime.status(name)
+        detail = f": {status.error}" if status.error else ""
         if not status.alive:
-            detail = f": {status.error}" if status.error else ""
             raise StepFailed(f"the {role} instance {name!r} is not running{detail}")
+        if status.mode == "failed":
+            raise StepFailed(f"the {role} instance {name!r} failed{detail}")
         return status
 
     # --- shared phases ----------------------------------------------------------------
@@ -309,7 +314,9 @@ class MigrationEngine:
         return record.enter(Phase.COMMITTED, fence=fence, fence_attempts=attempts)
 
     async def _committed(self, record: MigrationRecord) -> MigrationRecord:
-        """Wait for the new owner to take over; restart it if it died after the bump."""
+        """Wait for the new owner to be seen serving at the new epoch. One that crashed
+        is restarted (the normal recovery path); one that failed or exited by itself
+        fails the migration with its error."""
         spec = record.spec
         assert record.fence is not None
         epoch = record.fence.epoch
@@ -317,7 +324,12 @@ class MigrationEngine:
         delays = self._delays()
         while True:
             status = await self.runtime.status(spec.target.name)
-            if status.alive and status.mode == "owner" and status.epoch == epoch:
+            if status.mode in ("failed", "stopped"):
+                how = status.error or f"it {status.mode}"
+                raise StepFailed(
+                    f"the new owner {spec.target.name!r} did not take over epoch {epoch}: {how}"
+                )
+            if status.alive and status.serving and status.epoch == epoch:
                 return record.enter(Phase.DRAINING)
             if not status.alive:
                 # The normal recovery path: a new instance from the latest snapshot.
@@ -330,11 +342,11 @@ class MigrationEngine:
                         epoch=epoch,
                     )
                 )
+                note = f"new owner restarted at epoch {epoch}"
+                if status.left_behind:
+                    note += f"; killed what it left running: {', '.join(status.left_behind)}"
                 record = record.model_copy(
-                    update={
-                        "recoveries": record.recoveries + 1,
-                        "notes": [*record.notes, f"new owner restarted at epoch {epoch}"],
-                    }
+                    update={"recoveries": record.recoveries + 1, "notes": [*record.notes, note]}
                 )
                 await self.records.save(record)
             if self._clock() > deadline:
@@ -390,6 +402,7 @@ class MigrationEngine:
     async def _restart_restoring(self, record: MigrationRecord) -> MigrationRecord:
         spec = record.spec
         assert record.fence is not None
+        epoch = record.fence.epoch
         if not (await self.runtime.status(spec.target.name)).alive:
             await self.runtime.start(
                 InstanceSpec(
@@ -397,13 +410,13 @@ class MigrationEngine:
                     image=spec.target.image,
                     session=spec.session,
                     mode="owner",
-                    epoch=record.fence.epoch,
+                    epoch=epoch,
                 )
             )
 
         async def serving() -> InstanceStatus | None:
             status = await self._alive(spec.target.name, "new owner")
-            return status if status.ready and status.mode == "owner" else None
+            return status if status.serving and status.epoch == epoch else None
 
         await self._wait(
             serving, timeout_s=spec.policy.phase_timeout_s, what="the new owner serving"
