@@ -7,7 +7,7 @@ import asyncio
 from shadowpod.domain.ownership import FenceState
 from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.local.scenario import SESSION, LiveScenario, ScenarioReport
-from tests.engine.conftest import hooked_engine
+from tests.engine.conftest import Hook, hooked_engine
 
 
 def _failed_checks(report: ScenarioReport) -> list[str]:
@@ -99,23 +99,46 @@ async def test_a_source_mid_turn_longer_than_the_fence_timeout_is_unfenced_and_r
     assert slow_reply.startswith("[v1]") and "slept 2.5s" in slow_reply
 
 
+def _source_killer(scenario: LiveScenario) -> Hook:
+    """A hook that kills the migration's source, as a crash would."""
+
+    async def kill_source(record: MigrationRecord) -> None:
+        await scenario.deployment.runtime.kill(record.spec.source.name)
+
+    return kill_source
+
+
 async def test_a_source_killed_after_the_epoch_bump_does_not_stop_the_new_owner(
     scenario: LiveScenario,
 ) -> None:
-    runtime = scenario.deployment.runtime
-
-    async def kill_source(record: MigrationRecord) -> None:
-        await runtime.kill(record.spec.source.name)
-
-    engine = hooked_engine(scenario, {Phase.COMMITTED: kill_source})
+    engine = hooked_engine(scenario, {Phase.COMMITTED: _source_killer(scenario)})
     await asyncio.sleep(0.5)
     outcome = await scenario.run_migration(scenario.plan("refagent:v2"), engine)
     assert outcome.record.phase is Phase.SUCCEEDED, outcome.record.error
     await asyncio.sleep(1.0)
     report = await scenario.finish()
-    # Killed, the source may not have reported its drain: every other invariant holds.
-    assert [f for f in _failed_checks(report) if not f.startswith("sources drained")] == []
+    # Killed, the source could not report its drain: the runtime did, for it.
+    assert _failed_checks(report) == []
     assert report.verdict.versions.get("2", 0) > 0
+    killed = [n for n in outcome.record.notes if n.startswith("the source left running")]
+    assert len(killed) == 1 and "indexer (pid " in killed[0], outcome.record.notes
+
+
+async def test_a_source_that_dies_before_its_snapshot_rolls_back_at_once(
+    scenario: LiveScenario,
+) -> None:
+    """Not after the phase timeout (20 s here), as a snapshot that never comes would."""
+    engine = hooked_engine(scenario, {Phase.SNAPSHOTTING: _source_killer(scenario)})
+    await asyncio.sleep(0.5)
+    outcome = await scenario.run_migration(scenario.plan("refagent:v2"), engine)
+    record = outcome.record
+    assert record.phase is Phase.ROLLED_BACK
+    assert record.failed_phase is Phase.SNAPSHOTTING
+    assert (
+        record.error is not None and "the source instance 'demo-v1' is not running" in record.error
+    )
+    timing = record.timings[Phase.SNAPSHOTTING].seconds
+    assert timing is not None and timing < 10.0, timing
 
 
 async def test_the_gateway_killed_and_restarted_under_load_loses_and_doubles_nothing(

@@ -196,7 +196,10 @@ class MigrationEngine:
 
         async def stored() -> int | None:
             watermark = await self.control.latest_snapshot(session)
-            return watermark if watermark is not None and watermark >= requested else None
+            if watermark is not None and watermark >= requested:
+                return watermark
+            await self._alive(record.spec.source.name, "source")  # one that failed never will
+            return None
 
         watermark = await self._wait(
             stored,
@@ -359,12 +362,16 @@ class MigrationEngine:
         async def exited() -> bool | None:
             return True if not (await self.runtime.status(spec.source.name)).alive else None
 
+        notes = record.notes
         try:  # the source stops by itself once it sees it was superseded
             await self._wait(
                 exited, timeout_s=policy.drain_grace_s + 2.0, what="the source exiting"
             )
         except StepFailed:
             await self.runtime.stop(spec.source.name, grace_s=policy.drain_grace_s)
+            notes = [*notes, "the source did not exit by itself: stopped"]
+        if left := (await self.runtime.status(spec.source.name)).left_behind:
+            notes = [*notes, f"the source left running, killed: {', '.join(left)}"]
 
         async def measured() -> FencePause | None:
             pause = await self.control.fence_pause(spec.session)
@@ -374,7 +381,7 @@ class MigrationEngine:
             pause = (await self._wait(measured, timeout_s=2.0, what="a fence pause measurement")).ms
         except StepFailed:
             pause = None  # the held-back message was not served yet: nothing to report
-        return record.enter(Phase.SUCCEEDED, fence_pause_ms=pause)
+        return record.enter(Phase.SUCCEEDED, fence_pause_ms=pause, notes=notes)
 
     # --- restart strategy: the stop-and-recreate baseline -----------------------------
 

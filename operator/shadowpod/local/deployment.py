@@ -107,9 +107,9 @@ class LocalDeployment:
         deadline = asyncio.get_running_loop().time() + timeout_s
         while True:
             status = await self.runtime.status(instance)
-            if status.ready and status.mode == "owner":
+            if status.serving and status.mode == "owner":
                 return status
-            if (
+            if status.mode == "failed" or (
                 not status.alive
                 and status.error is not None
                 and "never started" not in status.error
