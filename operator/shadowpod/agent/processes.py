@@ -114,7 +114,9 @@ class ProcessRegistry:
         for child in children:
             if child.watcher is not None:
                 child.watcher.cancel()
-            if child.process.returncode is not None:
+            if child.process.returncode is not None or not _exists(child.process.pid):
+                # Gone before the drain began (reaped, its return code perhaps not yet
+                # delivered to this loop): it exited by itself, whatever comes after.
                 child.outcome = "exited"
             # Also the group of one that exited: the children it left are still in it
             # (and keep its number taken while they are).
@@ -130,8 +132,10 @@ class ProcessRegistry:
             await asyncio.sleep(_GROUP_POLL_S)
         for child in children:
             if not _ended(child):
+                if child.process.returncode is None:
+                    child.outcome = child.outcome or "killed"
+                # Else only what it left behind is killed: it ended when asked.
                 _signal_group(child.process.pid, signal.SIGKILL)
-                child.outcome = child.outcome or "killed"
             await child.process.wait()
             child.outcome = child.outcome or "terminated"
             logger.info("background process %s %s", child.name, child.outcome)
@@ -195,6 +199,16 @@ def _dies_with(parent: int) -> Callable[[], None] | None:
 def _signal_group(pgid: int, signum: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signum)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _ended(child: _Child) -> bool:
