@@ -38,7 +38,6 @@ def test_an_uncertain_call_with_the_longest_id_is_still_decided_in_the_journal()
 def test_what_an_owner_writes_outside_a_turn_fits_whatever_its_instance_is_called() -> None:
     instance = "agent-" + "x" * 247  # a Kubernetes pod name can be 253 characters long
     context = OwnerContext(
-        agent=Agent("a", version="1"),
         state=SessionState(),
         epoch=3,
         instance=instance,

@@ -10,14 +10,14 @@
 
 from __future__ import annotations
 
-from shadowpod.agent.app import Agent
 from shadowpod.agent.appends import fitting_id
+from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import StatePayload, ToolResultPayload, ToolStatus
 from shadowpod.domain.state import SessionState
 
 
-def adoption_entries(agent: Agent, state: SessionState, epoch: int) -> list[NewEntry]:
+def adoption_entries(agent: AgentDeclaration, state: SessionState, epoch: int) -> list[NewEntry]:
     """The entries that adopt ``state`` at ``epoch``; ids are derived from what they
     decide, so adopting twice (a retried append) journals them once."""
     entries: list[NewEntry] = []

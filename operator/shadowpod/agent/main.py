@@ -19,14 +19,14 @@ from typing import NoReturn
 from aiohttp import web
 
 from shadowpod import eventloop, logs
-from shadowpod.agent.app import Agent
+from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.agent.runtime import AgentRuntime
 from shadowpod.agent.server import make_status_app
 from shadowpod.agent.settings import AgentSettings
 from shadowpod.agent.termination import write_termination_message
 
 
-async def serve_agent(agent: Agent, settings: AgentSettings) -> int:
+async def serve_agent(agent: AgentDeclaration, settings: AgentSettings) -> int:
     runtime = AgentRuntime(agent, settings)
     runner = web.AppRunner(make_status_app(runtime), access_log=None)
     await runner.setup()
@@ -65,7 +65,7 @@ def activate_warm_process() -> bool:
     return True
 
 
-def run_agent(agent: Agent) -> None:
+def run_agent(agent: AgentDeclaration) -> None:
     eventloop.exit_with_parent()
     if os.environ.get("SHADOWPOD_WARM") == "1":
         try:

@@ -21,16 +21,17 @@ from typing import Final
 import aiohttp
 
 from shadowpod.agent.adoption import adoption_entries
-from shadowpod.agent.app import Agent
 from shadowpod.agent.appends import AppendLimits, WriteRefused, permanent, plan_appends
+from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.agent.identity import Identity
 from shadowpod.agent.processes import ProcessRegistry
 from shadowpod.agent.promotion import Promotion
-from shadowpod.agent.turn import OwnerContext, Superseded, take_turn
+from shadowpod.agent.turn import OwnerContext, Superseded, ToolAbandoned, Turn
 from shadowpod.agent.turn_group import TurnGroup
 from shadowpod.client.channel import ChannelClosed, OwnerChannelClient
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.payloads import AckPayload
 from shadowpod.domain.reducer import StateFolder
 from shadowpod.domain.state import PendingInbound, SessionState
 
@@ -42,7 +43,7 @@ TRANSIENT: Final = (aiohttp.ClientError, asyncio.TimeoutError)
 
 class OwnerLoop:
     # What the runtime holds (see ``AgentRuntime.__init__``).
-    agent: Agent
+    agent: AgentDeclaration
     identity: Identity
     folder: StateFolder
     processes: ProcessRegistry
@@ -212,7 +213,6 @@ class OwnerLoop:
     async def _owner_hook(self) -> None:
         assert self.agent.owner_hook is not None
         context = OwnerContext(
-            agent=self.agent,
             state=self.folder.view(),
             epoch=self.epoch,
             instance=self.identity.instance,
@@ -323,3 +323,49 @@ class OwnerLoop:
             else:
                 self._awaiting = max([self._awaiting, *seqs])
                 return seqs
+
+
+async def take_turn(
+    agent: AgentDeclaration,
+    inbound: PendingInbound,
+    group: TurnGroup,
+    *,
+    epoch: int,
+    instance: str,
+    processes: ProcessRegistry,
+) -> list[NewEntry]:
+    """Run the handler for ``inbound`` on the group's state; returns its outputs, the
+    ack last. A failing handler still ends its turn (with an error reply), or the
+    message would come back forever."""
+    state = group.state
+    values = dict(state.agent.values)
+    migrated = bool(values) and state.agent.schema_version != agent.state_schema
+    if migrated:
+        values = agent.migrate_state(values, state.agent.schema_version)
+    turn = Turn(
+        tools=agent.tools,
+        state_schema=agent.state_schema,
+        state=state,
+        inbound=inbound,
+        values=values,
+        epoch=epoch,
+        instance=instance,
+        append=group.append,
+        processes=processes,
+        replaces_values=migrated,
+    )
+    assert agent.message_handler is not None
+    try:
+        await agent.message_handler(turn)
+    except Superseded:
+        raise
+    except ToolAbandoned as exc:
+        await turn.reply(f"I could not confirm an earlier action: {exc}", error="tool_abandoned")
+    except Exception as exc:  # the turn still ends, or it would come back forever
+        logger.exception("turn %d failed", inbound.seq)
+        await turn.reply(f"error while handling this message: {type(exc).__name__}", error=str(exc))
+    outputs = turn.take_outputs()
+    if (state_entry := turn.state_entry()) is not None:
+        outputs.append(state_entry)
+    outputs.append(NewEntry.of(AckPayload(turn=inbound.seq), id=f"ack:{inbound.seq}"))
+    return outputs

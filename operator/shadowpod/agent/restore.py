@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
-from shadowpod.agent.app import Agent
+from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.agent.promotion import CatchUp
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry
@@ -25,7 +25,7 @@ FIRST_PAGE: Final = 1_000
 
 
 async def restore(
-    client: GatewayClient, session: str, agent: Agent, watermark: int | None
+    client: GatewayClient, session: str, agent: AgentDeclaration, watermark: int | None
 ) -> SessionState:
     """The state of the snapshot at ``watermark`` (the latest when ``None``; an empty
     state when there is none yet), checked readable by ``agent``."""

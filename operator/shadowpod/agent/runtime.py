@@ -27,8 +27,8 @@ import time
 from collections.abc import Sequence
 from typing import Final, Literal
 
-from shadowpod.agent.app import Agent
 from shadowpod.agent.appends import AppendLimits, WriteRefused, permanent
+from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.agent.identity import Identity
 from shadowpod.agent.owner import TRANSIENT, OwnerLoop
 from shadowpod.agent.processes import ProcessRegistry
@@ -54,7 +54,7 @@ Mode = Literal["starting", "shadow", "owner", "draining", "stopped", "failed"]
 
 
 class AgentRuntime(OwnerLoop):
-    def __init__(self, agent: Agent, settings: AgentSettings) -> None:
+    def __init__(self, agent: AgentDeclaration, settings: AgentSettings) -> None:
         if agent.message_handler is None:
             raise ValueError(f"agent {agent.name!r} has no @on_message handler")
         self.agent = agent

@@ -11,7 +11,6 @@ lost answer is absorbed by the journal instead of duplicated.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Final
@@ -19,9 +18,9 @@ from typing import TYPE_CHECKING, Final
 from pydantic import JsonValue
 
 from shadowpod.agent.appends import fitting_id
+from shadowpod.agent.tools import ToolSpec
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import (
-    AckPayload,
     FactOp,
     FactPayload,
     MemoryOp,
@@ -41,11 +40,8 @@ from shadowpod.domain.payloads import (
 from shadowpod.domain.state import CallStatus, PendingInbound, SessionState, TranscriptMessage
 
 if TYPE_CHECKING:
-    from shadowpod.agent.app import Agent
     from shadowpod.agent.processes import ProcessRegistry
-    from shadowpod.agent.turn_group import TurnGroup
 
-logger = logging.getLogger(__name__)
 
 Append = Callable[[Sequence[NewEntry]], Awaitable[list[int]]]  # journal now, at our epoch
 _DELETED: Final = object()
@@ -82,7 +78,6 @@ class OwnerContext:
     def __init__(
         self,
         *,
-        agent: Agent,
         state: SessionState,
         epoch: int,
         instance: str,
@@ -90,7 +85,6 @@ class OwnerContext:
         processes: ProcessRegistry,
         turn: int | None = None,
     ) -> None:
-        self.agent = agent
         self.state = state
         self.epoch = epoch
         self.instance = instance
@@ -145,7 +139,8 @@ class Turn(OwnerContext):
     def __init__(
         self,
         *,
-        agent: Agent,
+        tools: Mapping[str, ToolSpec],
+        state_schema: int,
         state: SessionState,
         inbound: PendingInbound,
         values: dict[str, JsonValue],
@@ -156,7 +151,6 @@ class Turn(OwnerContext):
         replaces_values: bool = False,
     ) -> None:
         super().__init__(
-            agent=agent,
             state=state,
             epoch=epoch,
             instance=instance,
@@ -165,6 +159,8 @@ class Turn(OwnerContext):
             turn=inbound.seq,
         )
         self.inbound = inbound
+        self._tools = tools
+        self._state_schema = state_schema
         self.values: dict[str, JsonValue] = dict(values)  # the agent's own state, to change
         # Values migrated to this agent's schema for the turn must replace the stored
         # ones whole: a partial update would mix two schemas.
@@ -238,7 +234,7 @@ class Turn(OwnerContext):
         recorded result is returned; if only its intent was recorded, it is repeated
         only when the tool is declared idempotent (``ToolAbandoned`` otherwise).
         """
-        spec = self.agent.tools.get(name)
+        spec = self._tools.get(name)
         if spec is None:
             raise KeyError(f"no tool named {name!r}; register it with @agent.tool()")
         self._tool_calls += 1
@@ -304,52 +300,7 @@ class Turn(OwnerContext):
         payload = StatePayload(
             values=changed,
             replace=replace,
-            schema_version=self.agent.state_schema,
+            schema_version=self._state_schema,
             turn=self.seq,
         )
         return NewEntry.of(payload, id=f"t{self.seq}:state")
-
-
-async def take_turn(
-    agent: Agent,
-    inbound: PendingInbound,
-    group: TurnGroup,
-    *,
-    epoch: int,
-    instance: str,
-    processes: ProcessRegistry,
-) -> list[NewEntry]:
-    """Run the handler for ``inbound`` on the group's state; returns its outputs, the
-    ack last. A failing handler still ends its turn (with an error reply), or the
-    message would come back forever."""
-    state = group.state
-    values = dict(state.agent.values)
-    migrated = bool(values) and state.agent.schema_version != agent.state_schema
-    if migrated:
-        values = agent.migrate_state(values, state.agent.schema_version)
-    turn = Turn(
-        agent=agent,
-        state=state,
-        inbound=inbound,
-        values=values,
-        epoch=epoch,
-        instance=instance,
-        append=group.append,
-        processes=processes,
-        replaces_values=migrated,
-    )
-    assert agent.message_handler is not None
-    try:
-        await agent.message_handler(turn)
-    except Superseded:
-        raise
-    except ToolAbandoned as exc:
-        await turn.reply(f"I could not confirm an earlier action: {exc}", error="tool_abandoned")
-    except Exception as exc:  # the turn still ends, or it would come back forever
-        logger.exception("turn %d failed", inbound.seq)
-        await turn.reply(f"error while handling this message: {type(exc).__name__}", error=str(exc))
-    outputs = turn.take_outputs()
-    if (state_entry := turn.state_entry()) is not None:
-        outputs.append(state_entry)
-    outputs.append(NewEntry.of(AckPayload(turn=inbound.seq), id=f"ack:{inbound.seq}"))
-    return outputs

@@ -1,0 +1,112 @@
+"""What an agent author declares — handlers, tools, state schema migrations — and
+what the runtime asks of it. ``shadowpod.agent.app.Agent`` adds ``run()``.
+
+agent = Agent("support-bot", version="2", state_schema=2)
+
+@agent.on_message
+async def answer(turn: Turn) -> None:
+    await turn.reply(f"you said {turn.content}")
+
+@agent.migration(from_version=1)
+def split_profile(values: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    return {"profile": {"name": values.get("name")}}
+
+if __name__ == "__main__":
+    agent.run()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import JsonValue
+
+from shadowpod.agent.tools import ToolFn, ToolSpec
+from shadowpod.domain.errors import SchemaTooNew
+
+if TYPE_CHECKING:
+    from shadowpod.agent.turn import OwnerContext, Turn
+
+TurnHandler = Callable[["Turn"], Awaitable[None]]
+OwnerHook = Callable[["OwnerContext"], Awaitable[None]]
+StateMigration = Callable[[dict[str, JsonValue]], dict[str, JsonValue]]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class AgentDeclaration:
+    def __init__(self, name: str, *, version: str, state_schema: int = 1) -> None:
+        if state_schema < 1:
+            raise ValueError("state_schema starts at 1")
+        self.name = name
+        self.version = version
+        self.state_schema = state_schema
+        self.message_handler: TurnHandler | None = None
+        self.owner_hook: OwnerHook | None = None
+        self.tools: dict[str, ToolSpec] = {}
+        self.migrations: dict[int, StateMigration] = {}
+
+    # --- declarations -----------------------------------------------------------------
+
+    def on_message(self, fn: TurnHandler) -> TurnHandler:
+        """Handle one inbound entry (a user message or a schedule fire): one turn."""
+        self.message_handler = fn
+        return fn
+
+    def on_owner(self, fn: OwnerHook) -> OwnerHook:
+        """Called when this instance becomes the owner: first start, recovery or promotion."""
+        self.owner_hook = fn
+        return fn
+
+    def tool(
+        self, name: str | None = None, *, idempotent: bool = False
+    ) -> Callable[[ToolFn], ToolFn]:
+        """Register a tool. ``idempotent`` tools may be repeated when their outcome is unknown."""
+
+        def register(fn: ToolFn) -> ToolFn:
+            tool_name = name or fn.__name__
+            self.tools[tool_name] = ToolSpec(tool_name, fn, idempotent)
+            return fn
+
+        return register
+
+    def migration(self, *, from_version: int) -> Callable[[StateMigration], StateMigration]:
+        """Register the step that turns the agent's state from ``from_version`` to the next."""
+
+        def register(fn: StateMigration) -> StateMigration:
+            if not 1 <= from_version < self.state_schema:
+                raise ValueError(
+                    f"a migration from v{from_version} makes no sense for state schema "
+                    f"v{self.state_schema}"
+                )
+            self.migrations[from_version] = fn
+            return fn
+
+        return register
+
+    # --- what the runtime asks --------------------------------------------------------
+
+    @property
+    def reads_state_schemas(self) -> list[int]:
+        """Every agent state schema version this agent can read (migrate from)."""
+        readable = [self.state_schema]
+        version = self.state_schema - 1
+        while version >= 1 and version in self.migrations:
+            readable.append(version)
+            version -= 1
+        return sorted(readable)
+
+    def migrate_state(self, values: dict[str, JsonValue], version: int) -> dict[str, JsonValue]:
+        """``values`` of schema ``version`` brought to this agent's schema."""
+        if version > self.state_schema:
+            raise SchemaTooNew(
+                found=version, supported=self.state_schema, what=f"{self.name} state"
+            )
+        if version not in self.reads_state_schemas:
+            raise ValueError(
+                f"{self.name} v{self.version} cannot read its state schema v{version}: "
+                f"it reads {self.reads_state_schemas}"
+            )
+        for step in range(version, self.state_schema):
+            values = self.migrations[step](dict(values))
+        return values
