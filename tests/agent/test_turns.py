@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from shadowpod.agent.identity import Identity
+from shadowpod.api.agent import AgentStatus, BackgroundProcess
 from shadowpod.api.models import CreateSession, OwnershipChange
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.domain.entries import entry_from_json
@@ -120,10 +121,17 @@ async def test_every_surface_a_turn_writes_is_journaled_and_in_the_owner_state(
     assert owner_state.memory == {"city": "Oslo"}
     assert owner_state.processes["worker"].pid == pid
 
-    status = await agent_get(dep, OWNER, "/v1/status")
-    assert status["mode"] == "owner" and status["epoch"] == 1
-    assert status["turns"] == len(commands)
-    assert status["processes"] == [{"name": "worker", "pid": pid, "running": True}]
+    raw = await agent_get(dep, OWNER, "/v1/status")
+    # Every field the agent reports is in the model its readers parse it with.
+    assert set(raw) == set(AgentStatus.model_fields)
+    status = AgentStatus.model_validate(raw)
+    assert (status.mode, status.epoch, status.ready, status.serving) == ("owner", 1, True, True)
+    assert status.turns == len(commands)
+    assert status.processes == [BackgroundProcess(name="worker", pid=pid, running=True)]
+    # As the engine sees it, through the runtime.
+    seen = await dep.runtime.status(OWNER)
+    assert (seen.alive, seen.mode, seen.epoch, seen.serving) == (True, "owner", 1, True)
+    assert seen.watermark >= max(seqs)
 
 
 async def test_a_tool_call_journals_its_intent_before_its_result(

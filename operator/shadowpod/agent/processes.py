@@ -31,6 +31,7 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from shadowpod.api.agent import BackgroundProcess
 from shadowpod.api.models import ProcessReport
 
 logger = logging.getLogger(__name__)
@@ -99,9 +100,9 @@ class ProcessRegistry:
         self._write_inventory()
         return process.pid
 
-    def inventory(self) -> list[dict[str, object]]:
+    def inventory(self) -> list[BackgroundProcess]:
         return [
-            {"name": c.name, "pid": c.process.pid, "running": c.process.returncode is None}
+            BackgroundProcess(name=c.name, pid=c.process.pid, running=c.process.returncode is None)
             for c in self._children.values()
         ]
 

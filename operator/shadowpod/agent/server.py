@@ -9,6 +9,7 @@ import orjson
 from aiohttp import web
 
 from shadowpod.agent.runtime import AgentRuntime
+from shadowpod.api.agent import AgentStatus, CatchUpReport, PromotionReport
 from shadowpod.domain.schema import dump_state
 
 RUNTIME = web.AppKey("runtime", AgentRuntime)
@@ -18,42 +19,38 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.Response(body=orjson.dumps(data), status=status, content_type="application/json")
 
 
-def status_of(runtime: AgentRuntime) -> dict[str, Any]:
+def status_of(runtime: AgentRuntime) -> AgentStatus:
     state = runtime.folder.peek()
     catchup = runtime.catchup
     promotion = runtime.promotion
-    return {
-        "agent": runtime.agent.name,
-        "version": runtime.agent.version,
-        "state_schema": runtime.agent.state_schema,
-        "reads_state_schemas": runtime.agent.reads_state_schemas,
-        "session": runtime.identity.session,
-        "instance": runtime.identity.instance,
-        "mode": runtime.mode,
-        "ready": runtime.ready,
-        "serving": runtime.serving,
-        "epoch": runtime.epoch,
-        "watermark": state.watermark,
-        "pending": len(state.pending),
-        "turns": runtime.turns,
-        "processes": runtime.processes.inventory(),
-        "catchup": None
+    return AgentStatus(
+        agent=runtime.agent.name,
+        version=runtime.agent.version,
+        state_schema=runtime.agent.state_schema,
+        reads_state_schemas=runtime.agent.reads_state_schemas,
+        session=runtime.identity.session,
+        instance=runtime.identity.instance,
+        mode=runtime.mode,
+        ready=runtime.ready,
+        serving=runtime.serving,
+        epoch=runtime.epoch,
+        watermark=state.watermark,
+        pending=len(state.pending),
+        turns=runtime.turns,
+        processes=runtime.processes.inventory(),
+        catchup=None
         if catchup is None
-        else {
-            "entries": catchup.entries,
-            "seconds": round(catchup.seconds, 6),
-            "entries_per_s": round(catchup.entries_per_s),
-        },
-        "promotion": None
+        else CatchUpReport(
+            entries=catchup.entries,
+            seconds=round(catchup.seconds, 6),
+            entries_per_s=round(catchup.entries_per_s),
+        ),
+        promotion=None
         if promotion is None
-        else {
-            "epoch": promotion.epoch,
-            "fence_seq": promotion.fence_seq,
-            "at": promotion.at,
-        },
-        "drained": None if runtime.drained is None else [p.model_dump() for p in runtime.drained],
-        "error": runtime.error,
-    }
+        else PromotionReport(epoch=promotion.epoch, fence_seq=promotion.fence_seq, at=promotion.at),
+        drained=runtime.drained,
+        error=runtime.error,
+    )
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -67,7 +64,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    return _json(status_of(request.app[RUNTIME]))
+    return _json(status_of(request.app[RUNTIME]).model_dump(mode="json"))
 
 
 async def promotion(request: web.Request) -> web.Response:

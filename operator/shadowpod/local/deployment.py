@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from shadowpod.api.models import CreateSession, CredentialSpec, OwnershipChange, ScheduleSpec
+from shadowpod.api.models import CreateSession, CredentialSpec, ScheduleSpec
 from shadowpod.client.control import GatewayControl
 from shadowpod.client.gateway import GatewayClient
+from shadowpod.client.sessions import FIRST_EPOCH, start_session
 from shadowpod.engine.engine import MigrationEngine
 from shadowpod.engine.ports import InstanceSpec, InstanceStatus
 from shadowpod.engine.record import (
@@ -81,7 +82,8 @@ class LocalDeployment:
         schedules: Sequence[ScheduleSpec] = (),
     ) -> str:
         """Create ``session`` and start its first owner (epoch 1). Returns the agent token."""
-        created = await self.admin.create_session(
+        created, _ = await start_session(
+            self.admin,
             CreateSession(
                 session=session,
                 credentials=[
@@ -89,14 +91,14 @@ class LocalDeployment:
                     for name in credentials
                 ],
                 schedules=list(schedules),
-            )
+            ),
+            owner=instance,
         )
         self.runtime.register_session(session, created.agent_token)
-        await self.admin.set_ownership(
-            session, OwnershipChange(expect_epoch=0, epoch=1, owner=instance)
-        )
         await self.runtime.start(
-            InstanceSpec(name=instance, image=image, session=session, mode="owner", epoch=1)
+            InstanceSpec(
+                name=instance, image=image, session=session, mode="owner", epoch=FIRST_EPOCH
+            )
         )
         await self.wait_serving(instance)
         return created.agent_token

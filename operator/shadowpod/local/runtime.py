@@ -38,6 +38,7 @@ from shadowpod.agent.identity import Identity
 from shadowpod.agent.processes import ProcessInventory
 from shadowpod.agent.termination import TERMINATION_LOG_ENV
 from shadowpod.api.models import DrainReport
+from shadowpod.client.agent import instance_status, read_agent_status
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.engine.ports import ImageInfo, InstanceSpec, InstanceStatus
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
@@ -47,7 +48,6 @@ from shadowpod.local.orphans import INVENTORY_ENV, TAG_ENV, Reaped, drain_report
 
 logger = logging.getLogger(__name__)
 AGENT_PORT: Final = 8080
-STATUS_TIMEOUT: Final = aiohttp.ClientTimeout(total=1.0)
 # How long a drain report on a dead owner's behalf is retried while the gateway is away.
 REPORT_RETRY_S: Final = 15.0
 REPORT_CLOSE_S: Final = 2.0
@@ -236,28 +236,10 @@ class LocalRuntime:
                 error=exit_reason(code, instance.log),
                 left_behind=reaped.summary(),
             )
-        try:
-            async with self.http.get(
-                f"{instance.url}/v1/status", timeout=STATUS_TIMEOUT
-            ) as response:
-                data = await response.json()
-        except (aiohttp.ClientError, TimeoutError):
-            return InstanceStatus(name=name, alive=True)  # starting up: not answering yet
-        catchup = data.get("catchup") or {}
-        promotion = data.get("promotion") or {}
-        return InstanceStatus(
-            name=name,
-            alive=instance.process.returncode is None,
-            ready=bool(data.get("ready")),
-            mode=data.get("mode", "unknown"),
-            epoch=data.get("epoch", 0),
-            watermark=data.get("watermark", 0),
-            catchup_entries=catchup.get("entries"),
-            catchup_entries_per_s=catchup.get("entries_per_s"),
-            promoted_fence_seq=promotion.get("fence_seq"),
-            serving=bool(data.get("serving")),
-            error=data.get("error"),
-        )
+        reported = await read_agent_status(self.http, instance.url)
+        if instance.process.returncode is not None:
+            return await self.status(name)  # it ended while it was asked: how it ended
+        return instance_status(name, reported)
 
     async def promoted_state_digest(self, name: str) -> tuple[int, str] | None:
         """(fence_seq, digest of the state there) of an instance promoted from a shadow.
