@@ -15,7 +15,13 @@ import aiohttp
 from shadowpod.api.models import FenceRequest, OwnershipChange
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.domain.ownership import Ownership
-from shadowpod.engine.ports import FenceOutcome, FenceOutcomeUnknown, FencePause, FenceTimedOut
+from shadowpod.engine.ports import (
+    FenceOutcome,
+    FenceOutcomeUnknown,
+    FencePause,
+    FenceTimedOut,
+    GatewayUnavailable,
+)
 
 T = TypeVar("T")
 RETRIES: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 2.0, 2.0)
@@ -26,16 +32,22 @@ class GatewayControl:
         self.client = client
 
     async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
-        for delay in RETRIES:
+        """``call``, asked again while the gateway is away (for ~10 s); then
+        ``GatewayUnavailable``, which the engine retries up to its phase timeout."""
+        delays = iter(RETRIES)
+        while True:
             try:
                 return await call()
-            except (aiohttp.ClientConnectionError, TimeoutError):
-                await asyncio.sleep(delay)
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                failure = f"no answer from the gateway: {str(exc) or type(exc).__name__}"
             except GatewayError as exc:
                 if exc.status != 503:
                     raise
-                await asyncio.sleep(delay)
-        return await call()
+                failure = f"the gateway is not ready: {exc.message}"
+            delay = next(delays, None)
+            if delay is None:
+                raise GatewayUnavailable(failure)
+            await asyncio.sleep(delay)
 
     async def head(self, session: str) -> int:
         return (await self._retry(lambda: self.client.status(session))).head

@@ -7,7 +7,10 @@ every phase change, before the new phase acts. So ``run`` on a saved record cont
 correctly from wherever the previous engine stopped.
 
 Anything that fails before the epoch bump rolls back: the shadow is removed, any
-fence is lifted, and the source, which never stopped serving, stays owner. After the
+fence is lifted, and the source, which never stopped serving, stays owner. So does a
+migration still short of the bump after ``max_duration_s`` (``MaxDurationExceeded``).
+A port that cannot reach what it drives (``Unavailable``) is asked again, for up to
+the phase's timeout, before the step fails. After the
 bump there is no way back; the engine finishes forward (restarting the new owner if
 it crashes) or reports ``Failed`` for the normal recovery path. ``Succeeded`` means
 the new owner was seen serving — its adoption of the session journaled at the new
@@ -21,7 +24,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.fence_checks import bumped_to_target, fence_found, lift_stale_fence
@@ -34,6 +37,7 @@ from shadowpod.engine.ports import (
     RecordStore,
     Runtime,
     SessionControl,
+    Unavailable,
 )
 from shadowpod.engine.record import (
     COMMITTED_PHASES,
@@ -57,6 +61,30 @@ class StepFailed(ShadowpodError):
     reason = "MigrationStepFailed"
 
 
+class PhaseTimedOut(StepFailed):
+    reason = "PhaseTimeout"
+
+
+class MaxDurationExceeded(StepFailed):
+    reason = "MaxDurationExceeded"
+
+
+class IncompatibleStateSchema(StepFailed):
+    reason = "IncompatibleStateSchema"
+
+
+class CredentialsMissing(StepFailed):
+    reason = "CredentialsMissing"
+
+
+class OwnershipChanged(StepFailed):
+    reason = "OwnershipChanged"
+
+
+class InstanceFailed(StepFailed):
+    reason = "InstanceFailed"
+
+
 class MigrationEngine:
     def __init__(
         self,
@@ -64,7 +92,7 @@ class MigrationEngine:
         control: SessionControl,
         records: RecordStore,
         *,
-        clock: Clock = time.monotonic,
+        clock: Clock = time.time,
         poll_s: float = POLL_S,
     ) -> None:
         self.runtime = runtime
@@ -74,7 +102,14 @@ class MigrationEngine:
         self._poll_s = poll_s
 
     async def run(self, record: MigrationRecord) -> MigrationRecord:
-        """Drive ``record`` to a terminal phase, saving it on every phase change."""
+        """Drive ``record`` to a terminal phase, saving it on every phase change.
+
+        The clock the engine was given times the record (its start, every phase) as
+        it does the engine's deadlines: a record resumed by another engine is timed
+        on the same clock.
+        """
+        if record.phase is Phase.PENDING and not record.timings:
+            record = record.model_copy(update={"started": self._clock()})
         await self.records.save(record)
         while not record.done:
             record = await self.step(record)
@@ -82,25 +117,60 @@ class MigrationEngine:
         return record
 
     async def step(self, record: MigrationRecord) -> MigrationRecord:
+        """Act on ``record``'s phase; the record in the phase that comes next."""
+        if self._overdue(record):
+            limit = record.spec.policy.max_duration_s
+            return self._failed(
+                record,
+                MaxDurationExceeded(f"the migration did not reach its cutover within {limit:g}s"),
+            )
         action = self._actions(record)[record.phase]
-        try:
-            return await action(record)
-        except (ShadowpodError, OSError, TimeoutError) as exc:
-            return self._failed(record, exc)
+        retry_until: float | None = None
+        delays = self._delays(slowest=1.0)
+        while True:
+            try:
+                return await action(record)
+            except (Unavailable, OSError, TimeoutError) as exc:
+                now = self._clock()
+                retry_until = retry_until or now + record.spec.policy.phase_timeout_s
+                if now > retry_until or self._overdue(record):
+                    return self._failed(record, exc)
+                logger.info(
+                    "migration step %s will be retried: %s",
+                    record.phase,
+                    exc,
+                    extra={"migration": record.spec.id},
+                )
+                await asyncio.sleep(next(delays))
+            except ShadowpodError as exc:
+                return self._failed(record, exc)
+
+    def _enter(self, record: MigrationRecord, phase: Phase, **changes: Any) -> MigrationRecord:
+        return record.enter(phase, now=self._clock(), **changes)
+
+    def _overdue(self, record: MigrationRecord) -> bool:
+        """Past ``max_duration_s`` before the cutover. After the epoch bump there is no
+        way back, and a rollback must run to its end: neither is cut short."""
+        if record.phase in COMMITTED_PHASES or record.phase is Phase.ROLLING_BACK:
+            return False
+        return self._clock() > record.started + record.spec.policy.max_duration_s
 
     def _failed(self, record: MigrationRecord, exc: BaseException) -> MigrationRecord:
         message = str(exc) or type(exc).__name__
+        reason = exc.reason if isinstance(exc, ShadowpodError) else type(exc).__name__
         logger.warning(
-            "migration step %s failed: %s",
+            "migration step %s failed (%s): %s",
             record.phase,
+            reason,
             message,
             extra={"migration": record.spec.id},
         )
+        failed = {"failed_phase": record.phase, "reason": reason, "error": message}
         if record.phase in (Phase.ROLLING_BACK,) or record.phase in COMMITTED_PHASES:
-            return record.enter(Phase.FAILED, failed_phase=record.phase, error=message)
+            return self._enter(record, Phase.FAILED, **failed)
         if record.spec.policy.rollback_on_failure:
-            return record.enter(Phase.ROLLING_BACK, failed_phase=record.phase, error=message)
-        return record.enter(Phase.FAILED, failed_phase=record.phase, error=message)
+            return self._enter(record, Phase.ROLLING_BACK, **failed)
+        return self._enter(record, Phase.FAILED, **failed)
 
     def _actions(
         self, record: MigrationRecord
@@ -130,60 +200,72 @@ class MigrationEngine:
     # --- helpers ----------------------------------------------------------------------
 
     async def _wait(
-        self, check: Callable[[], Awaitable[T | None]], *, timeout_s: float, what: str
+        self,
+        check: Callable[[], Awaitable[T | None]],
+        *,
+        timeout_s: float,
+        what: str,
+        record: MigrationRecord | None = None,
     ) -> T:
+        """``check()`` once it is not ``None``; ``PhaseTimedOut`` after ``timeout_s``, or
+        ``MaxDurationExceeded`` once ``record`` is overdue (see ``_overdue``)."""
         deadline = self._clock() + timeout_s
         delays = self._delays()
         while True:
             value = await check()
             if value is not None:
                 return value
+            if record is not None and self._overdue(record):
+                limit = record.spec.policy.max_duration_s
+                raise MaxDurationExceeded(
+                    f"{what} did not happen before the migration's {limit:g}s were up"
+                )
             if self._clock() > deadline:
-                raise StepFailed(f"{what} did not happen within {timeout_s:g}s")
+                raise PhaseTimedOut(f"{what} did not happen within {timeout_s:g}s")
             await asyncio.sleep(next(delays))
 
-    def _delays(self) -> Iterator[float]:
+    def _delays(self, slowest: float = MAX_POLL_S) -> Iterator[float]:
         delay = self._poll_s
         while True:
             yield delay
-            delay = min(delay * 1.5, max(self._poll_s, MAX_POLL_S))
+            delay = min(delay * 1.5, max(self._poll_s, slowest))
 
     async def _alive(self, name: str, role: str) -> InstanceStatus:
         status = await self.runtime.status(name)
         detail = f": {status.error}" if status.error else ""
         if not status.alive:
-            raise StepFailed(f"the {role} instance {name!r} is not running{detail}")
+            raise InstanceFailed(f"the {role} instance {name!r} is not running{detail}")
         if status.mode == "failed":
-            raise StepFailed(f"the {role} instance {name!r} failed{detail}")
+            raise InstanceFailed(f"the {role} instance {name!r} failed{detail}")
         return status
 
     # --- shared phases ----------------------------------------------------------------
 
     async def _pending(self, record: MigrationRecord) -> MigrationRecord:
-        return record.enter(Phase.PREFLIGHT)
+        return self._enter(record, Phase.PREFLIGHT)
 
     async def _preflight(self, record: MigrationRecord) -> MigrationRecord:
         spec = record.spec
         target = await self.runtime.describe(spec.target.image)
         source = await self.runtime.describe(spec.source.image)
         if source.state_schema not in target.reads_state_schemas:
-            raise StepFailed(
+            raise IncompatibleStateSchema(
                 f"{spec.target.image} reads agent state schemas {target.reads_state_schemas}, but "
                 f"{spec.source.image} writes v{source.state_schema}: add a migration to the target"
             )
         missing = await self.runtime.missing_credentials(spec.target.image, spec.credentials)
         if missing:
-            raise StepFailed(
+            raise CredentialsMissing(
                 f"credentials {', '.join(missing)} would not be mounted in {spec.target.image}; "
                 "create the Secrets before migrating"
             )
         ownership = await self.control.ownership(spec.session)
         if ownership.owner != spec.source.name:
-            raise StepFailed(
+            raise OwnershipChanged(
                 f"session {spec.session!r} is owned by {ownership.owner!r}, not by the source "
                 f"{spec.source.name!r}"
             )
-        return record.enter(Phase.SNAPSHOTTING, source_epoch=ownership.epoch)
+        return self._enter(record, Phase.SNAPSHOTTING, source_epoch=ownership.epoch)
 
     async def _snapshotting(self, record: MigrationRecord) -> MigrationRecord:
         session = record.spec.session
@@ -205,9 +287,10 @@ class MigrationEngine:
             stored,
             timeout_s=record.spec.policy.phase_timeout_s,
             what=f"a snapshot of {session!r} by the source at seq {requested} or later",
+            record=record,
         )
         next_phase = Phase.STOPPING if record.spec.strategy == "restart" else Phase.RESTORING
-        return record.enter(next_phase, snapshot_watermark=watermark)
+        return self._enter(record, next_phase, snapshot_watermark=watermark)
 
     async def _rolling_back(self, record: MigrationRecord) -> MigrationRecord:
         spec = record.spec
@@ -217,14 +300,15 @@ class MigrationEngine:
         ownership = await lift_stale_fence(self.control, record)
         if bumped_to_target(record, ownership):
             note = "rollback found the epoch already bumped; finishing forward"
-            return record.enter(
+            return self._enter(
+                record,
                 Phase.COMMITTED,
                 fence=fence_found(record, ownership),
                 notes=[*record.notes, note],
             )
         if spec.strategy == "shadow":
             await self.runtime.stop(spec.target.name, grace_s=spec.policy.drain_grace_s)
-        return record.enter(Phase.ROLLED_BACK)
+        return self._enter(record, Phase.ROLLED_BACK)
 
     # --- shadow strategy --------------------------------------------------------------
 
@@ -247,9 +331,12 @@ class MigrationEngine:
             return status if status.ready else None
 
         await self._wait(
-            ready, timeout_s=spec.policy.phase_timeout_s, what="the shadow reporting ready"
+            ready,
+            timeout_s=spec.policy.phase_timeout_s,
+            what="the shadow reporting ready",
+            record=record,
         )
-        return record.enter(Phase.CATCHING_UP)
+        return self._enter(record, Phase.CATCHING_UP)
 
     async def _catching_up(self, record: MigrationRecord) -> MigrationRecord:
         spec = record.spec
@@ -262,9 +349,13 @@ class MigrationEngine:
             return status if head - status.watermark <= spec.policy.catchup_lag_threshold else None
 
         status = await self._wait(
-            caught_up, timeout_s=spec.policy.phase_timeout_s, what="the shadow catching up"
+            caught_up,
+            timeout_s=spec.policy.phase_timeout_s,
+            what="the shadow catching up",
+            record=record,
         )
-        return record.enter(
+        return self._enter(
+            record,
             Phase.FENCING,
             catchup_entries=status.catchup_entries,
             catchup_entries_per_s=status.catchup_entries_per_s,
@@ -277,9 +368,9 @@ class MigrationEngine:
         if bumped_to_target(record, ownership):
             # An earlier attempt committed but its answer was lost (or the engine
             # stopped before saving it): the fence succeeded.
-            return record.enter(Phase.COMMITTED, fence=fence_found(record, ownership))
+            return self._enter(record, Phase.COMMITTED, fence=fence_found(record, ownership))
         if ownership.epoch != record.source_epoch:
-            raise StepFailed(
+            raise OwnershipChanged(
                 f"ownership of {spec.session!r} changed under the migration: epoch "
                 f"{ownership.epoch}, owner {ownership.owner!r}"
             )
@@ -296,8 +387,8 @@ class MigrationEngine:
                 raise StepFailed(f"no answer to {attempts} fence attempts: {exc}") from exc
             # Back through CatchingUp: the next Fencing reads what became of this one.
             note = f"fence attempt {attempts} got no answer ({exc}); checking and retrying"
-            return record.enter(
-                Phase.CATCHING_UP, fence_attempts=attempts, notes=[*record.notes, note]
+            return self._enter(
+                record, Phase.CATCHING_UP, fence_attempts=attempts, notes=[*record.notes, note]
             )
         except FenceTimedOut as exc:
             if attempts >= policy.max_fence_attempts:
@@ -305,8 +396,8 @@ class MigrationEngine:
                     f"the source stayed busy through {attempts} fence attempts: {exc}"
                 ) from exc
             note = f"fence attempt {attempts} timed out (the source was mid-turn); retrying"
-            return record.enter(
-                Phase.CATCHING_UP, fence_attempts=attempts, notes=[*record.notes, note]
+            return self._enter(
+                record, Phase.CATCHING_UP, fence_attempts=attempts, notes=[*record.notes, note]
             )
         fence = FenceInfo(
             epoch=outcome.epoch,
@@ -314,7 +405,7 @@ class MigrationEngine:
             waited_ms=outcome.waited_ms,
             attempts=attempts,
         )
-        return record.enter(Phase.COMMITTED, fence=fence, fence_attempts=attempts)
+        return self._enter(record, Phase.COMMITTED, fence=fence, fence_attempts=attempts)
 
     async def _committed(self, record: MigrationRecord) -> MigrationRecord:
         """Wait for the new owner to be seen serving at the new epoch. One that crashed
@@ -329,11 +420,11 @@ class MigrationEngine:
             status = await self.runtime.status(spec.target.name)
             if status.mode in ("failed", "stopped"):
                 how = status.error or f"it {status.mode}"
-                raise StepFailed(
+                raise InstanceFailed(
                     f"the new owner {spec.target.name!r} did not take over epoch {epoch}: {how}"
                 )
             if status.alive and status.serving and status.epoch == epoch:
-                return record.enter(Phase.DRAINING)
+                return self._enter(record, Phase.DRAINING)
             if not status.alive:
                 # The normal recovery path: a new instance from the latest snapshot.
                 await self.runtime.start(
@@ -353,7 +444,7 @@ class MigrationEngine:
                 )
                 await self.records.save(record)
             if self._clock() > deadline:
-                raise StepFailed(f"the new owner did not take over epoch {epoch} in time")
+                raise PhaseTimedOut(f"the new owner did not take over epoch {epoch} in time")
             await asyncio.sleep(next(delays))
 
     async def _draining(self, record: MigrationRecord) -> MigrationRecord:
@@ -381,14 +472,14 @@ class MigrationEngine:
             pause = (await self._wait(measured, timeout_s=2.0, what="a fence pause measurement")).ms
         except StepFailed:
             pause = None  # the held-back message was not served yet: nothing to report
-        return record.enter(Phase.SUCCEEDED, fence_pause_ms=pause, notes=notes)
+        return self._enter(record, Phase.SUCCEEDED, fence_pause_ms=pause, notes=notes)
 
     # --- restart strategy: the stop-and-recreate baseline -----------------------------
 
     async def _restart_stopping(self, record: MigrationRecord) -> MigrationRecord:
         spec = record.spec
         await self.runtime.stop(spec.source.name, grace_s=spec.policy.drain_grace_s)
-        return record.enter(Phase.COMMITTED)
+        return self._enter(record, Phase.COMMITTED)
 
     async def _restart_committed(self, record: MigrationRecord) -> MigrationRecord:
         spec = record.spec
@@ -400,11 +491,11 @@ class MigrationEngine:
                 spec.session, expect_epoch=record.source_epoch, epoch=epoch, owner=spec.target.name
             )
         elif not (ownership.epoch == epoch and ownership.owner == spec.target.name):
-            raise StepFailed(f"ownership changed under the migration: {ownership}")
+            raise OwnershipChanged(f"ownership changed under the migration: {ownership}")
         fence = FenceInfo(
             epoch=epoch, fence_seq=ownership.fence_seq or 0, waited_ms=0.0, attempts=0
         )
-        return record.enter(Phase.RESTORING, fence=fence)
+        return self._enter(record, Phase.RESTORING, fence=fence)
 
     async def _restart_restoring(self, record: MigrationRecord) -> MigrationRecord:
         spec = record.spec
@@ -428,4 +519,4 @@ class MigrationEngine:
         await self._wait(
             serving, timeout_s=spec.policy.phase_timeout_s, what="the new owner serving"
         )
-        return record.enter(Phase.SUCCEEDED)
+        return self._enter(record, Phase.SUCCEEDED)

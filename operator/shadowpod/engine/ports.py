@@ -1,10 +1,19 @@
-"""The engine's ports: what it needs from the world, as protocols.
+"""The engine's ports: what it needs from the world, as protocols, and the errors an
+adapter raises through them.
 
 - ``Runtime`` starts and stops agent instances of an image and tells their status
   (local processes, or pods through the Kubernetes API).
 - ``SessionControl`` is the gateway's control API: snapshots, the fence, ownership.
 - ``RecordStore`` keeps the migration record (a file, or the ``AgentMigration``
   status).
+
+Errors: an adapter raises a ``ShadowpodError`` for anything it cannot do —
+``Unavailable`` (``RuntimeUnavailable``, ``GatewayUnavailable``) when it cannot
+reach what it drives right now, which the engine retries for up to a phase's
+timeout; anything else (``RuntimeFailure``, ``ImageNotFound``, the gateway's own
+answers) fails the step, and the migration rolls back if it still can. Every action
+may be asked again after such an error, or after a crash: adapters make each one
+idempotent.
 """
 
 from __future__ import annotations
@@ -88,6 +97,26 @@ class ImageNotFound(ShadowpodError):
     reason = "ImageNotFound"
 
 
+class Unavailable(ShadowpodError):
+    """What the adapter drives cannot be reached now; asking again later may work."""
+
+    reason = "Unavailable"
+
+
+class RuntimeUnavailable(Unavailable):
+    reason = "RuntimeUnavailable"
+
+
+class GatewayUnavailable(Unavailable):
+    reason = "GatewayUnavailable"
+
+
+class RuntimeFailure(ShadowpodError):
+    """The runtime cannot do what was asked (an instance it cannot start, say)."""
+
+    reason = "RuntimeFailure"
+
+
 class FenceTimedOut(ShadowpodError):
     """The owner did not go idle within the fence timeout; the fence was lifted."""
 
@@ -102,6 +131,8 @@ class FenceOutcomeUnknown(ShadowpodError):
 
 
 class Runtime(Protocol):
+    """Raises ``RuntimeUnavailable`` or ``RuntimeFailure`` (see the module's docstring)."""
+
     async def describe(self, image: str) -> ImageInfo:
         """What the image declares; ``ImageNotFound`` if it cannot be resolved."""
         ...
@@ -110,7 +141,9 @@ class Runtime(Protocol):
         """Which of ``names`` an instance of ``image`` would not have mounted."""
         ...
 
-    async def start(self, spec: InstanceSpec) -> None: ...
+    async def start(self, spec: InstanceSpec) -> None:
+        """Start the instance; one already running under that name is left alone."""
+        ...
 
     async def status(self, name: str) -> InstanceStatus: ...
 
@@ -120,6 +153,9 @@ class Runtime(Protocol):
 
 
 class SessionControl(Protocol):
+    """Raises ``GatewayUnavailable`` when the gateway cannot be reached, or the
+    gateway's own answer as a ``ShadowpodError`` with its ``reason``."""
+
     async def head(self, session: str) -> int: ...
 
     async def ownership(self, session: str) -> Ownership: ...

@@ -107,6 +107,9 @@ class MigrationRecord(BaseModel):
     catchup_entries_per_s: float | None = None
     recoveries: int = 0
     failed_phase: Phase | None = None
+    reason: str | None = Field(
+        default=None, description="Why it failed or rolled back: one CamelCase word."
+    )
     error: str | None = None
     notes: list[str] = Field(default_factory=list)
 

@@ -40,7 +40,7 @@ from shadowpod.agent.termination import TERMINATION_LOG_ENV
 from shadowpod.api.models import DrainReport
 from shadowpod.client.agent import instance_status, read_agent_status
 from shadowpod.client.gateway import GatewayClient, GatewayError
-from shadowpod.engine.ports import ImageInfo, InstanceSpec, InstanceStatus
+from shadowpod.engine.ports import ImageInfo, InstanceSpec, InstanceStatus, RuntimeFailure
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 from shadowpod.local.exits import TERMINATION_LOG, exit_reason
 from shadowpod.local.images import ImageMap, LocalImage
@@ -163,11 +163,15 @@ class LocalRuntime:
         image = self.images.resolve(spec.image)
         running = self._instances.get(spec.name)
         if running is not None and running.process.returncode is None:
-            raise RuntimeError(f"instance {spec.name!r} is already running")
+            if running.spec != spec:
+                raise RuntimeFailure(
+                    f"instance {spec.name!r} is already running as {running.spec}, not {spec}"
+                )
+            return  # asked again (a retried step): it is running
         if running is not None and running.reaping is not None:
             await running.reaping  # what it left behind goes before anything new starts
         if spec.session not in self._tokens:
-            raise KeyError(f"no agent token registered for session {spec.session!r}")
+            raise RuntimeFailure(f"no agent token registered for session {spec.session!r}")
         home = self.workdir / "instances" / spec.name
         Identity.write(
             home / "identity",
@@ -376,7 +380,7 @@ class LocalRuntime:
             host = next(self._hosts)
             if host not in in_use and _free(host, AGENT_PORT):
                 return host
-        raise RuntimeError("no free 127.0.x.y address for another local agent instance")
+        raise RuntimeFailure("no free 127.0.x.y address for another local agent instance")
 
 
 async def _activate(spare: WarmSpare, env: dict[str, str]) -> asyncio.subprocess.Process | None:
