@@ -9,6 +9,7 @@ from shadowpod.cli.bench import bench
 from shadowpod.cli.crds import crds
 from shadowpod.cli.demo import demo
 from shadowpod.cli.gateway import gateway
+from shadowpod.cli.operator import operator
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,6 +22,7 @@ cli.add_command(bench)
 cli.add_command(gateway)
 cli.add_command(demo)
 cli.add_command(crds)
+cli.add_command(operator)
 
 
 def main() -> None:
