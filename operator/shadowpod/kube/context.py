@@ -8,6 +8,7 @@ logged, never a reason for a reconcile to fail.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Mapping
@@ -40,6 +41,11 @@ class OperatorContext:
     # Sessions by phase, for the sessions gauge: (namespace, name) -> phase.
     session_phases: dict[tuple[str, str], str] = field(default_factory=dict)
     unready_owners: set[tuple[str, str]] = field(default_factory=set)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, key: str) -> asyncio.Lock:
+        """One holder at a time for ``key`` (a session, a migration) in this operator."""
+        return self._locks.setdefault(key, asyncio.Lock())
 
     @property
     def control(self) -> GatewayControl:

@@ -38,8 +38,9 @@ logger = logging.getLogger("shadowpod.operator")
 
 SESSIONS: Final = (GROUP, VERSION, "agentsessions")
 MIGRATIONS: Final = (GROUP, VERSION, "agentmigrations")
-# A migration's rollback must be allowed to finish before its finalizer is released.
-CANCELLATION_TIMEOUT_S: Final = 600.0
+# A stopped daemon lets go at once (the record is saved before every step); this is
+# only how long Kopf waits before it cancels one that did not.
+CANCELLATION_BACKOFF_S: Final = 10.0
 
 
 def configure(settings: kopf.OperatorSettings) -> None:
@@ -83,13 +84,12 @@ def registry(
     metrics = metrics or OperatorMetrics()
     holder: dict[str, OperatorContext] = {}
     stack = AsyncExitStack()
-    locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def ctx() -> OperatorContext:
         return holder["ctx"]
 
     def lock(namespace: str, name: str) -> asyncio.Lock:
-        return locks.setdefault((namespace, name), asyncio.Lock())
+        return ctx().lock(f"session/{namespace}/{name}")
 
     @kopf.on.startup(registry=reg)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
@@ -139,7 +139,12 @@ def registry(
             await cleanup.delete_session(ctx(), raw, attempt=retry)
         ctx().count_session((meta["namespace"], meta["name"]), None, ready=True)
 
-    @kopf.daemon(*MIGRATIONS, cancellation_timeout=CANCELLATION_TIMEOUT_S, registry=reg)
+    @kopf.daemon(
+        *MIGRATIONS,
+        cancellation_backoff=CANCELLATION_BACKOFF_S,
+        cancellation_timeout=30.0,
+        registry=reg,
+    )
     async def migration_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
         raw: dict[str, Any] = dict(body)
         while not stopped:
@@ -151,8 +156,9 @@ def registry(
                 await stopped.wait(5.0)
 
     @kopf.on.delete(*MIGRATIONS, registry=reg)
-    async def migration_deleted(**_: Any) -> None:
-        """Holds the finalizer until the daemon has rolled back (Kopf awaits it)."""
+    async def migration_deleted(body: kopf.Body, **_: Any) -> None:
+        """A cancel: rolled back (or finished, past the cutover) before the finalizer goes."""
+        await migrations.cancel(ctx(), dict(body))
 
     @kopf.on.field("", "v1", "nodes", field="spec.unschedulable", registry=reg)
     async def node_cordoned(name: str, new: Any, **_: Any) -> None:

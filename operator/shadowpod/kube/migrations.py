@@ -4,9 +4,10 @@
 - Its record is made (and saved) before anything acts, with the target pod's name
   chosen once; a restarted operator finds the record and resumes the engine from
   the saved phase (``recoveries`` counts those).
-- Deleting it cancels it: before the epoch bump, the engine rolls back (the fence
-  lifted, the shadow pod removed, the source untouched); after the bump there is no
-  way back, and the migration finishes.
+- Deleting it cancels it (``cancel``, from the deletion handler, once the daemon has
+  let go): before the epoch bump, the engine rolls back (the fence lifted, the shadow
+  pod removed, the source untouched); after the bump there is no way back, and the
+  migration finishes.
 - When it ends, the session is told: on success the new owner pod is labelled as
   the owner (the PodDisruptionBudget covers it) and the old pod is deleted; on
   failure the session stays on its old pod with a ``Degraded`` condition.
@@ -18,8 +19,6 @@ import asyncio
 import logging
 import time
 from typing import Any, Final
-
-import kopf
 
 from shadowpod.engine.engine import MigrationEngine
 from shadowpod.engine.record import (
@@ -51,10 +50,6 @@ logger = logging.getLogger("shadowpod.operator")
 TURN_POLL_S: Final = 1.0
 
 
-class Cancelled(Exception):
-    """The AgentMigration was deleted while it ran."""
-
-
 def engine_policy(session: AgentSession) -> MigrationPolicy:
     policy = session.spec.migration
     return MigrationPolicy(
@@ -69,96 +64,107 @@ def engine_policy(session: AgentSession) -> MigrationPolicy:
 
 
 async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
-    """Drive the AgentMigration ``body`` to its end (the daemon's whole work)."""
+    """Drive the AgentMigration ``body`` to its end (the daemon's whole work). Stopped
+    (the operator exiting, the migration deleted), it leaves the record where it is:
+    a restarted operator resumes it, and ``cancel`` rolls a deleted one back."""
     migration = AgentMigration.model_validate(dict(body))
     if migration.status is not None and migration.status.phase in TERMINAL:
         return
     namespace = migration.metadata.namespace or "default"
     name = migration.metadata.name or ""
     session_name = migration.spec.session_ref.name
-    session_path = namespaced("agentsessions", namespace, session_name)
-    session_body = await ctx.api.get(session_path)
+    session_body = await ctx.api.get(namespaced("agentsessions", namespace, session_name))
     records = MigrationRecords(ctx, dict(body), session_body or dict(body))
-    record = records.stored()
-    if session_body is None and record is None:
-        await _refuse(
-            ctx,
-            records,
-            body,
-            "SessionNotFound",
-            f"AgentSession {session_name!r} does not exist",
-        )
+    if session_body is None:
+        if records.stored() is None:
+            message = f"AgentSession {session_name!r} does not exist"
+            await _refuse(ctx, records, body, "SessionNotFound", message)
         return
-    session = session_model(session_body) if session_body is not None else None
-    if record is None:
-        if session is None:
-            return
+    session = session_model(session_body)
+    if records.stored() is None:
         while not await _my_turn(ctx, namespace, session_name, name):
             if stopped:
                 return
             await asyncio.sleep(TURN_POLL_S)
-        record = await _new_record(ctx, session, migration)
+    async with ctx.lock(f"migration/{namespace}/{name}"):
+        record = records.stored()
         if record is None:
-            await _refuse(
-                ctx, records, body, "NoOwner", f"AgentSession {session_name!r} has no owner pod yet"
-            )
+            record = await _new_record(ctx, session, migration)
+            if record is None:
+                message = f"AgentSession {session_name!r} has no owner pod yet"
+                await _refuse(ctx, records, body, "NoOwner", message)
+                return
+        elif record.done:
             return
-    elif not record.done:
-        record = record.model_copy(update={"recoveries": record.recoveries + 1})
-    if session is None:
-        return
-    await ctx.api.patch(
-        f"{session_path}/status", {"status": {"activeMigration": name, "phase": "Migrating"}}
-    )
-    runtime = PodRuntime(ctx, session, migration=name, node=migration.spec.target.node_name)
-    await runtime.learn_source(record.spec.source.name)
-    engine = MigrationEngine(runtime, ctx.control, records)
-    task = asyncio.create_task(engine.run(record))
-    record = await _until_done_or_cancelled(task, stopped, records, engine)
-    if record is None:
-        return  # the operator is stopping: a restarted one resumes from the record
-    await _finish(ctx, session_body or {}, session, records, record)
-
-
-async def _until_done_or_cancelled(
-    task: asyncio.Task[MigrationRecord],
-    stopped: Any,
-    records: MigrationRecords,
-    engine: MigrationEngine,
-) -> MigrationRecord | None:
-    stop_waiter = asyncio.ensure_future(stopped.wait())
-    try:
-        done, _ = await asyncio.wait({task, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-        if task in done:
-            return task.result()
-        deleted = _deleted(stopped)
-        if not deleted:
+        else:
+            record = record.model_copy(update={"recoveries": record.recoveries + 1})
+        await _mark_active(ctx, session, name)
+        engine = await _engine(ctx, session, migration, records, record)
+        task = asyncio.create_task(engine.run(record))
+        stop_waiter = asyncio.ensure_future(stopped.wait())
+        try:
+            await asyncio.wait({task, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_waiter.cancel()
+        if not task.done():
+            # Stopped: like a crash, at any point; the saved record says where it was.
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            return None
-        # Cancelled by deletion: roll back if the bump has not happened yet.
-        current = records.stored()
-        if current is not None and current.phase in COMMITTED_PHASES:
-            return await task  # past the cutover: finishing is the only safe way
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        current = records.stored()
-        if current is None or current.done:
-            return current
-        rollback = current.enter(
-            Phase.ROLLING_BACK,
-            failed_phase=current.phase,
-            reason="Cancelled",
-            error="the AgentMigration was deleted: rolled back, the source kept serving",
-        )
-        return await engine.run(rollback)
-    finally:
-        stop_waiter.cancel()
+            return
+        record = task.result()
+    await _finish(ctx, session, records, record)
 
 
-def _deleted(stopped: Any) -> bool:
-    reason = getattr(stopped, "reason", None)
-    return bool(reason is not None and reason & kopf.DaemonStoppingReason.RESOURCE_DELETED)
+async def cancel(ctx: OperatorContext, body: dict[str, Any]) -> None:
+    """A deleted AgentMigration: roll it back if the epoch has not moved yet, else
+    finish it (after the bump, finishing is the only safe way out)."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    async with ctx.lock(f"migration/{namespace}/{name}"):
+        fresh = await ctx.api.get(namespaced("agentmigrations", namespace, name)) or body
+        migration = AgentMigration.model_validate(fresh)
+        session_name = migration.spec.session_ref.name
+        session_body = await ctx.api.get(namespaced("agentsessions", namespace, session_name))
+        records = MigrationRecords(ctx, fresh, session_body or fresh)
+        record = records.stored()
+        if record is None or record.done:
+            return
+        if session_body is None:  # the session went first: its pods go with it
+            return
+        session = session_model(session_body)
+        if record.phase not in COMMITTED_PHASES and record.phase is not Phase.ROLLING_BACK:
+            record = record.enter(
+                Phase.ROLLING_BACK,
+                failed_phase=record.phase,
+                reason="Cancelled",
+                error="the AgentMigration was deleted: rolled back; the source kept serving",
+            )
+        engine = await _engine(ctx, session, migration, records, record)
+        record = await engine.run(record)
+        await _finish(ctx, session, records, record)
+
+
+async def _engine(
+    ctx: OperatorContext,
+    session: AgentSession,
+    migration: AgentMigration,
+    records: MigrationRecords,
+    record: MigrationRecord,
+) -> MigrationEngine:
+    runtime = PodRuntime(
+        ctx, session, migration=migration.metadata.name, node=migration.spec.target.node_name
+    )
+    await runtime.learn_source(record.spec.source.name)
+    return MigrationEngine(runtime, ctx.control, records)
+
+
+async def _mark_active(ctx: OperatorContext, session: AgentSession, migration: str) -> None:
+    path = namespaced(
+        "agentsessions", session.metadata.namespace or "", session.metadata.name or ""
+    )
+    await ctx.api.patch(
+        f"{path}/status", {"status": {"activeMigration": migration, "phase": "Migrating"}}
+    )
 
 
 async def _my_turn(ctx: OperatorContext, namespace: str, session: str, name: str) -> bool:
@@ -231,7 +237,6 @@ async def _refuse(
 
 async def _finish(
     ctx: OperatorContext,
-    session_body: dict[str, Any],
     session: AgentSession,
     records: MigrationRecords,
     record: MigrationRecord,
@@ -258,7 +263,9 @@ async def _finish(
             namespaced("pods", namespace, spec.target.name), {"metadata": {"labels": owner_labels}}
         )
         await ctx.api.delete(namespaced("pods", namespace, spec.source.name))
+        target = await ctx.api.get(namespaced("pods", namespace, spec.target.name))
         status.update(
+            nodeName=None if target is None else target["spec"].get("nodeName"),
             ownerPod=spec.target.name,
             image=spec.target.image,
             epoch=None if record.fence is None else record.fence.epoch,

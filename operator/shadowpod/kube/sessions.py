@@ -324,7 +324,10 @@ async def _maybe_migrate(
             wanted = names.drain_migration(name, node, pod["metadata"]["name"])
             if any(m["metadata"]["name"] == wanted for m in migrations):
                 return None
-            migration = manifests.agent_migration(session, name=wanted, reason="NodeDrain")
+            # The same image anywhere else: the scheduler keeps off the cordoned node.
+            migration = manifests.agent_migration(
+                session, name=wanted, reason="NodeDrain", image=container_image(pod)
+            )
     if migration is None:
         return None
     try:
