@@ -4,6 +4,8 @@ fails, an incompatible state schema, an operator restarted mid-migration, a drai
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,7 +13,9 @@ from typing import Any
 
 import pytest
 
+from shadowpod.engine.record import MigrationRecord
 from shadowpod.kube import names
+from shadowpod.kube.records import MigrationRecords
 from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.local.checks import session_checks
 from shadowpod.local.outcome import MigrationOutcome
@@ -231,3 +235,53 @@ async def _gone_migration(world: World, name: str) -> bool:
 
 async def _only(world: World, session: str, pod: str) -> bool:
     return [p["metadata"]["name"] for p in await world.pods(session)] == [pod]
+
+
+RESUMABLE = [
+    "Preflight",
+    "Snapshotting",
+    "Restoring",
+    "CatchingUp",
+    "Fencing",
+    "Committed",
+    "Draining",
+]
+
+
+@pytest.mark.parametrize("phase", RESUMABLE)
+async def test_an_operator_that_dies_after_saving_any_phase_is_resumed_by_the_next(
+    world: World, phase: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator stops dead right after it saved ``phase`` (its daemon hangs there
+    until the operator is stopped, as a killed process would); a new one finishes the
+    migration from the record, with nothing lost or answered twice."""
+    saved_at_phase = threading.Event()
+    save = MigrationRecords.save
+
+    async def dies_after(self: MigrationRecords, record: MigrationRecord) -> None:
+        await save(self, record)
+        if record.phase == phase:
+            saved_at_phase.set()
+            await asyncio.sleep(3600)  # cancelled when the operator stops
+
+    await world.apply(session_manifest("r1"))
+    await world.wait_running("r1", epoch=1)
+    async with Load(world, "r1", rate=10) as load:
+        monkeypatch.setattr(MigrationRecords, "save", dies_after)
+        migration_name = await bump(world, "r1", "refagent:v2")
+        assert await asyncio.to_thread(saved_at_phase.wait, 60)
+        await world.stop_operator()
+        monkeypatch.setattr(MigrationRecords, "save", save)
+        await world.start_operator()
+        migration = await world.wait_finished(migration_name)
+        await world.wait_running("r1", epoch=2)
+        assert await load.stop()
+        broken = invariants(load, [migration])
+    assert broken == {}
+    assert migration["status"]["result"] == "Succeeded", migration["status"].get("message")
+    assert World.record(migration).recoveries == 1
+    await eventually(lambda: _count_pods(world, "r1", 1), timeout=30)  # nothing left behind
+
+
+async def _count_pods(world: World, session: str, count: int) -> bool:
+    return len(await world.pods(session)) == count
