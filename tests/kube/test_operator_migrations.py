@@ -15,8 +15,8 @@ import pytest
 
 from shadowpod.engine.record import MigrationRecord
 from shadowpod.kube import names
-from shadowpod.kube.records import MigrationRecords
 from shadowpod.kube.models.v1alpha1 import API_VERSION
+from shadowpod.kube.records import MigrationRecords
 from shadowpod.local.checks import session_checks
 from shadowpod.local.outcome import MigrationOutcome
 from tests.kube.connection import KubeConnection
