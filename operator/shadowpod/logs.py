@@ -12,6 +12,9 @@ import orjson
 _STANDARD: Final = frozenset(
     vars(logging.LogRecord("", 0, "", 0, "", None, None)).keys()
     | {"message", "asctime", "taskName"}
+    # What Kopf attaches to its records for its own use: its whole settings object on
+    # every line, and a flag for its event poster.
+    | {"settings", "k8s_skip"}
 )
 
 
@@ -25,6 +28,8 @@ class JsonFormatter(logging.Formatter):
         }
         # Fields given with ``extra=`` (session, epoch, migration, ...).
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
+        if isinstance(ref := entry.pop("k8s_ref", None), dict):  # Kopf's object, in short
+            entry["object"] = f"{ref.get('kind')}/{ref.get('namespace')}/{ref.get('name')}"
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(entry, default=str).decode()

@@ -11,6 +11,7 @@ from shadowpod.cli.errors import fail
 
 LOG_LEVELS = ["debug", "info", "warning", "error"]
 BAD_SETTINGS = 2
+CANNOT_RUN = 1
 
 
 @click.command("operator")
@@ -89,7 +90,7 @@ def operator(
 ) -> None:
     """Reconcile AgentSessions and AgentMigrations: live migration on Kubernetes.
 
-    Exits 2 when a setting is wrong (one line on stderr says which).
+    Exits 2 when a setting is wrong, 1 when it cannot run (one line on stderr says why).
     """
     from shadowpod.kube.config import OperatorConfig
     from shadowpod.kube.run import run
@@ -115,12 +116,17 @@ def operator(
         reconcile_interval_s=reconcile_interval,
         criu=criu,
     )
-    run(
-        config,
-        clusterwide=all_namespaces,
-        standalone=standalone and peering is None,
-        peering=peering,
-        liveness=liveness,
-        metrics_host=metrics_host,
-        metrics_port=metrics_port,
-    )
+    try:
+        run(
+            config,
+            clusterwide=all_namespaces,
+            standalone=standalone and peering is None,
+            peering=peering,
+            liveness=liveness,
+            metrics_host=metrics_host,
+            metrics_port=metrics_port,
+        )
+    except KeyboardInterrupt:
+        return
+    except Exception as exc:  # noqa: BLE001 - one line that says why, not a traceback
+        fail(f"the operator stopped: {type(exc).__name__}: {exc}", CANNOT_RUN)

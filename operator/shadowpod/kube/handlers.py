@@ -28,7 +28,7 @@ from kubernetes_asyncio import config as kube_config
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.kube import cleanup, migrations, names, sessions
-from shadowpod.kube.api import KubeApi
+from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.config import OperatorConfig
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.metrics import OperatorMetrics
@@ -59,6 +59,11 @@ def configure(settings: kopf.OperatorSettings) -> None:
 
 
 async def api_client(kubeconfig: str | None) -> client.ApiClient:
+    return client.ApiClient(await api_configuration(kubeconfig))
+
+
+async def api_configuration(kubeconfig: str | None) -> client.Configuration:
+    """In-cluster credentials (a ServiceAccount), else ``kubeconfig`` or $KUBECONFIG."""
     configuration = client.Configuration()
     if kubeconfig is not None:
         await kube_config.load_kube_config(
@@ -73,7 +78,24 @@ async def api_client(kubeconfig: str | None) -> client.ApiClient:
             await kube_config.load_kube_config(
                 client_configuration=configuration, persist_config=False
             )
-    return client.ApiClient(configuration)
+    return configuration
+
+
+async def connection_info(kubeconfig: str | None) -> kopf.ConnectionInfo:
+    """Kopf's credentials from the same source as the operator's own client (Kopf's
+    default logins need a client library the operator does not ship)."""
+    settings = await api_configuration(kubeconfig)
+    keys = settings.api_key or {}
+    scheme, _, token = (keys.get("authorization") or keys.get("BearerToken") or "").partition(" ")
+    return kopf.ConnectionInfo(
+        server=str(settings.host),
+        ca_path=settings.ssl_ca_cert,
+        insecure=not settings.verify_ssl,
+        scheme=scheme or None if token else None,
+        token=token or None,
+        certificate_path=settings.cert_file,
+        private_key_path=settings.key_file,
+    )
 
 
 def registry(
@@ -91,10 +113,15 @@ def registry(
     def lock(namespace: str, name: str) -> asyncio.Lock:
         return ctx().lock(f"session/{namespace}/{name}")
 
+    kubeconfig = None if config.kubeconfig is None else str(config.kubeconfig)
+
+    @kopf.on.login(registry=reg)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        return await connection_info(kubeconfig)
+
     @kopf.on.startup(registry=reg)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure(settings)
-        kubeconfig = None if config.kubeconfig is None else str(config.kubeconfig)
         api = await stack.enter_async_context(await api_client(kubeconfig))
         http = await stack.enter_async_context(aiohttp.ClientSession())
         admin = await stack.enter_async_context(
@@ -167,13 +194,39 @@ def registry(
         logger.info("node %s is cordoned: its sessions move off it", name, extra={"node": name})
         await cleanup.reconcile_sessions_on(ctx(), name, _poke)
 
+    @kopf.on.event("", "v1", "pods", labels={names.SESSION_LABEL: kopf.PRESENT}, registry=reg)
+    async def pod_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+        """An owner pod that became ready, stopped being ready or went: its session is
+        looked at now, not at its next timer."""
+        labels = body.get("metadata", {}).get("labels", {})
+        if labels.get(names.ROLE_LABEL) != names.OWNER_ROLE or type is None:
+            return
+        namespace = body["metadata"]["namespace"]
+        session = await ctx().api.get(
+            namespaced("agentsessions", namespace, labels[names.SESSION_LABEL])
+        )
+        if session is None:
+            return
+        status = session.get("status") or {}
+        ready = sessions.pod_ready(dict(body)) and type != "DELETED"
+        was_ready = status.get("phase") == "Running"
+        if ready != was_ready or status.get("ownerPod") != body["metadata"]["name"]:
+            await _poke(session)
+
     async def _poke(body: dict[str, Any]) -> None:
         meta = body["metadata"]
-        async with lock(meta["namespace"], meta["name"]):
+        if meta.get("deletionTimestamp"):
+            return
+        key = (meta["namespace"], meta["name"])
+        async with lock(*key):
             try:
-                await sessions.reconcile(ctx(), body)
+                seen = await sessions.reconcile(ctx(), body)
             except ShadowpodError as exc:
                 await _failed(ctx(), body, "AgentSession", exc, None)
+                return
+            path = namespaced("agentsessions", key[0], key[1])
+            await ctx().api.patch(f"{path}/status", {"status": sessions.status_patch(body, seen)})
+            ctx().count_session(key, seen.phase, ready=seen.ready)
 
     return reg
 

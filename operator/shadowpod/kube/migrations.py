@@ -73,6 +73,10 @@ async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
     namespace = migration.metadata.namespace or "default"
     name = migration.metadata.name or ""
     session_name = migration.spec.session_ref.name
+    labels = body["metadata"].get("labels") or {}
+    if labels.get(names.SESSION_LABEL) != session_name:  # made by hand: found by its label
+        path = namespaced("agentmigrations", namespace, name)
+        await ctx.api.patch(path, {"metadata": {"labels": {names.SESSION_LABEL: session_name}}})
     session_body = await ctx.api.get(namespaced("agentsessions", namespace, session_name))
     records = MigrationRecords(ctx, dict(body), session_body or dict(body))
     if session_body is None:

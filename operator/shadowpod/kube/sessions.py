@@ -95,9 +95,19 @@ async def problems(ctx: OperatorContext, session: AgentSession) -> list[Problem]
     return found
 
 
+def _degraded_reason(body: dict[str, Any]) -> str | None:
+    for condition in (body.get("status") or {}).get("conditions", []):
+        if condition["type"] == "Degraded" and condition["status"] == "True":
+            return str(condition["reason"])
+    return None
+
+
 async def migrations_of(ctx: OperatorContext, namespace: str, session: str) -> list[dict[str, Any]]:
-    """The session's AgentMigrations, oldest first."""
-    listed = await ctx.api.list(namespaced("agentmigrations", namespace))
+    """The session's AgentMigrations, oldest first (by the session label, which the
+    operator puts on every migration, those made by hand included)."""
+    listed = await ctx.api.list(
+        namespaced("agentmigrations", namespace), labels=names.session_selector(session)
+    )
     mine = [m for m in listed if m["spec"]["sessionRef"]["name"] == session]
     return sorted(
         mine, key=lambda m: (m["metadata"].get("creationTimestamp", ""), m["metadata"]["name"])
@@ -209,17 +219,24 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     session = session_model(body)
     namespace, name = session.metadata.namespace or "default", session.metadata.name or ""
     found = await problems(ctx, session)
-    if found:
+    if found and _degraded_reason(body) != found[0].reason:  # a new problem: say it once
         for problem in found:
             await ctx.event(body, "Warning", problem.reason, problem.message)
-    token = await ensure_token_secret(ctx, session)
-    await ensure_gateway_session(ctx, session, token)
+    status = body.get("status") or {}
+    generation = body["metadata"].get("generation")
+    # The Secret, the gateway session and the budget were made for this spec already:
+    # a steady pass only looks at the owner (thousands of sessions, every few seconds).
+    established = status.get("epoch") is not None and status.get("observedGeneration") == generation
+    if not established:
+        token = await ensure_token_secret(ctx, session)
+        await ensure_gateway_session(ctx, session, token)
     gid = gateway_id(session)
     ownership = await gateway_call(ctx, lambda: ctx.admin.ownership(gid))
     if ownership.epoch == 0:
         change = OwnershipChange(expect_epoch=0, epoch=1, owner=names.new_instance(name))
         ownership = await gateway_call(ctx, lambda: ctx.admin.set_ownership(gid, change))
-    await ensure_budget(ctx, session)
+    if not established:
+        await ensure_budget(ctx, session)
     migrations = await migrations_of(ctx, namespace, name)
     active = next((m for m in migrations if unfinished(m)), None)
     recorded_owner = (body.get("status") or {}).get("ownerPod")

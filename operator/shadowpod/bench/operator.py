@@ -1,0 +1,340 @@
+"""``shadowpod bench operator``: the operator at scale, on the emulated API.
+
+The operator runs as its own process (``shadowpod operator``), against the tests'
+API-server emulator and a real gateway; a kubelet stand-in makes pods Running and
+Ready at once without running anything ("no process" mode). Measured:
+
+- the operator's RSS after ``sessions`` AgentSessions are Running;
+- create → ``Running`` per session (p50/p99), as a client watching status sees it;
+- image bump → AgentMigration created by the operator (p50/p99), for ``bumped``
+  sessions;
+- then ``migrations`` sessions migrated live at once with the real data plane (pods
+  run the reference agent as processes), each under light client load: all must
+  succeed with nothing lost, doubled or reordered.
+
+The emulator and the kubelet live in the source tree's ``tests/kube`` (they are test
+doubles, not product code): this benchmark runs from a source checkout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shadowpod.bench.machine import MachineProbe
+from shadowpod.kube import names
+from shadowpod.kube.api import KubeApi, namespaced
+from shadowpod.kube.models.v1alpha1 import API_VERSION
+from shadowpod.local.gateway_process import GatewayProcess, free_port
+from shadowpod.local.load import ClientLoad
+
+REPO = Path(__file__).resolve().parents[3]
+NAMESPACE = "bench"
+
+
+class NeedsCheckout(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class OperatorBenchConfig:
+    sessions: int = 1000
+    bumped: int = 100
+    migrations: int = 50
+    workdir: Path = Path("/tmp/shadowpod-bench-operator")
+    timeout_s: float = 900.0
+
+
+def _test_tree() -> tuple[Any, Any, Any, Any]:
+    if not (REPO / "tests" / "kube" / "emulator").is_dir():
+        raise NeedsCheckout(
+            "the API-server emulator is in the source tree's tests/kube: run this from a"
+            " checkout of Shadowpod (git clone …; make bench-operator)"
+        )
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+    emulator = importlib.import_module("tests.kube.emulator")
+    kubelet = importlib.import_module("tests.kube.kubelet")
+    connection = importlib.import_module("tests.kube.connection")
+    kmock = importlib.import_module("kmock")
+    return emulator, kubelet, connection, kmock
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50": None, "p99": None, "n": 0}
+    ordered = sorted(values)
+    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    return {"p50": round(statistics.median(ordered), 4), "p99": round(p99, 4), "n": len(ordered)}
+
+
+def _rss_mb(pid: int) -> float | None:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    return None
+
+
+def _session(name: str, image: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentSession",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"image": image, "migration": {"drainGracePeriodSeconds": 2}},
+    }
+
+
+async def _operator(
+    kubeconfig: Path, gateway: GatewayProcess, log: Path
+) -> asyncio.subprocess.Process:
+    token = gateway.workdir / "control-token"
+    with log.open("ab") as sink:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "shadowpod", "operator",
+            "--kubeconfig", str(kubeconfig),
+            "-n", NAMESPACE,
+            "--gateway-url", gateway.url,
+            "--control-token-file", str(token),
+            "--metrics-port", str(free_port()),
+            "--metrics-host", "127.0.0.1",
+            "--log-level", "warning",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=sink,
+            stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+
+
+async def _wait_all(
+    api: KubeApi, plural: str, names_: set[str], done: Any, timeout_s: float
+) -> dict[str, float]:
+    """When each of ``names_`` first satisfied ``done(body)`` (monotonic time)."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(seen) < len(names_) and time.monotonic() < deadline:
+        for body in await api.list(namespaced(plural, NAMESPACE)):
+            name = body["metadata"]["name"]
+            if name in names_ and name not in seen and done(body):
+                seen[name] = time.monotonic()
+        await asyncio.sleep(0.2)
+    return seen
+
+
+def _running(body: dict[str, Any]) -> bool:
+    return (body.get("status") or {}).get("phase") == "Running"
+
+
+async def run_operator_bench(config: OperatorBenchConfig) -> dict[str, Any]:
+    emulator_mod, kubelet_mod, connection_mod, kmock = _test_tree()
+    probe = MachineProbe()
+    probe.start()
+    config.workdir.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"config": {k: str(v) for k, v in vars(config).items()}}
+    gateway = GatewayProcess(config.workdir / "gateway")
+    await gateway.start()
+    crds = [REPO / "crds"]
+    try:
+        async with emulator_mod.ApiServerEmulator(crds=crds) as server, kmock.Server(server):
+            kube = connection_mod.KubeConnection.to_emulator(
+                str(server.url).rstrip("/"), config.workdir
+            )
+            async with kube.api() as client:
+                api = KubeApi(client)
+                await api.create(
+                    "/api/v1/namespaces",
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+                )
+                result["scale"] = await _scale(api, client, kube, gateway, kubelet_mod, config)
+        if config.migrations:
+            result["live"] = await _live(emulator_mod, kubelet_mod, connection_mod, kmock, config)
+    finally:
+        await gateway.stop()
+    result["targets"] = _targets(result)
+    result["machine"] = probe.report()
+    return result
+
+
+def _targets(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The issue's targets: RSS ≤ 200 MB at the sessions asked for; every live
+    migration succeeded with nothing lost."""
+    scale = result.get("scale") or {}
+    live = result.get("live") or {}
+    rss = scale.get("operator_rss_mb")
+    targets: dict[str, dict[str, Any]] = {
+        "operator_rss_mb": {
+            "measured": rss,
+            "target": "<= 200 MB",
+            "met": None if rss is None else rss <= 200,
+        },
+        "sessions_running": {
+            "measured": scale.get("running"),
+            "target": f"all {scale.get('sessions')}",
+            "met": scale.get("running") == scale.get("sessions"),
+        },
+    }
+    if live:
+        clean = all(live.get(k) == 0 for k in ("lost", "duplicated", "reordered"))
+        targets["live_migrations"] = {
+            "measured": f"{live.get('succeeded')}/{live.get('migrations')} succeeded,"
+            f" {live.get('lost')} lost, {live.get('duplicated')} duplicated",
+            "target": "all succeed, 0 lost / duplicated / reordered",
+            "met": live.get("succeeded") == live.get("migrations") and clean,
+        }
+    return targets
+
+
+async def _scale(
+    api: KubeApi,
+    client: Any,
+    kube: Any,
+    gateway: GatewayProcess,
+    kubelet_mod: Any,
+    config: OperatorBenchConfig,
+) -> dict[str, Any]:
+    images = importlib.import_module("tests.kube.conftest").local_images()
+    async with kubelet_mod.Kubelet(
+        client, images, config.workdir / "kubelet", run_processes=False
+    ) as kubelet:
+        await kubelet.add_node("node-1")
+        operator = await _operator(kube.kubeconfig, gateway, config.workdir / "operator.log")
+        try:
+            await asyncio.sleep(2.0)
+            baseline = _rss_mb(operator.pid)
+            names_ = [f"s{i:05d}" for i in range(config.sessions)]
+            created: dict[str, float] = {}
+            for name in names_:
+                await api.create(
+                    namespaced("agentsessions", NAMESPACE), _session(name, "refagent:v1")
+                )
+                created[name] = time.monotonic()
+            running = await _wait_all(api, "agentsessions", set(names_), _running, config.timeout_s)
+            rss = _rss_mb(operator.pid)
+            bumped = names_[: config.bumped]
+            bumps: dict[str, float] = {}
+            for name in bumped:
+                await api.patch(
+                    namespaced("agentsessions", NAMESPACE, name), {"spec": {"image": "refagent:v2"}}
+                )
+                bumps[name] = time.monotonic()
+            wanted = {names.image_migration(n, 2): n for n in bumped}
+            started = await _wait_all(
+                api, "agentmigrations", set(wanted), lambda _: True, config.timeout_s
+            )
+            return {
+                "sessions": config.sessions,
+                "running": len(running),
+                "operator_rss_mb_idle": baseline,
+                "operator_rss_mb": rss,
+                "create_to_running_s": _percentiles([running[n] - created[n] for n in running]),
+                "bumped": len(bumped),
+                "bump_to_migration_s": _percentiles(
+                    [started[m] - bumps[wanted[m]] for m in started]
+                ),
+            }
+        finally:
+            operator.terminate()
+            await operator.wait()
+
+
+async def _live(
+    emulator_mod: Any,
+    kubelet_mod: Any,
+    connection_mod: Any,
+    kmock: Any,
+    config: OperatorBenchConfig,
+) -> dict[str, Any]:
+    """``migrations`` sessions, real agents, migrated at once under light load."""
+    workdir = config.workdir / "live"
+    workdir.mkdir(parents=True, exist_ok=True)
+    gateway = GatewayProcess(workdir / "gateway")
+    await gateway.start()
+    images = importlib.import_module("tests.kube.conftest").local_images()
+    try:
+        async with (
+            emulator_mod.ApiServerEmulator(crds=[REPO / "crds"]) as server,
+            kmock.Server(server),
+        ):
+            kube = connection_mod.KubeConnection.to_emulator(str(server.url).rstrip("/"), workdir)
+            async with (
+                kube.api() as client,
+                kubelet_mod.Kubelet(client, images, workdir / "kubelet") as kubelet,
+            ):
+                await kubelet.add_node("node-1")
+                api = KubeApi(client)
+                await api.create(
+                    "/api/v1/namespaces",
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+                )
+                operator = await _operator(kube.kubeconfig, gateway, workdir / "operator.log")
+                try:
+                    return await _migrate_all(api, gateway, config)
+                finally:
+                    operator.terminate()
+                    await operator.wait()
+    finally:
+        await gateway.stop()
+
+
+async def _migrate_all(
+    api: KubeApi, gateway: GatewayProcess, config: OperatorBenchConfig
+) -> dict[str, Any]:
+    from shadowpod.client.gateway import GatewayClient
+
+    names_ = [f"live{i:03d}" for i in range(config.migrations)]
+    for name in names_:
+        await api.create(namespaced("agentsessions", NAMESPACE), _session(name, "refagent:v1"))
+    running = await _wait_all(api, "agentsessions", set(names_), _running, config.timeout_s)
+    if len(running) < len(names_):
+        return {"error": f"only {len(running)} of {len(names_)} sessions came up"}
+    stop = asyncio.Event()
+    async with GatewayClient(gateway.url) as client:
+        loads = [ClientLoad(client, names.gateway_session(NAMESPACE, n), rate=1.0) for n in names_]
+        tasks = [asyncio.create_task(load.watch()) for load in loads]
+        tasks += [asyncio.create_task(load.run(stop)) for load in loads]
+        await asyncio.sleep(2.0)
+        began = time.monotonic()
+        for name in names_:
+            await api.patch(
+                namespaced("agentsessions", NAMESPACE, name), {"spec": {"image": "refagent:v2"}}
+            )
+        wanted = {names.image_migration(n, 2) for n in names_}
+        finished = await _wait_all(
+            api,
+            "agentmigrations",
+            wanted,
+            lambda b: (b.get("status") or {}).get("result"),
+            config.timeout_s,
+        )
+        elapsed = time.monotonic() - began
+        await asyncio.sleep(2.0)
+        stop.set()
+        answered = await asyncio.gather(*(load.wait_answered(60) for load in loads))
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    results = [
+        b
+        for b in await api.list(namespaced("agentmigrations", NAMESPACE))
+        if b["metadata"]["name"] in wanted
+    ]
+    verdicts = [load.verdict() for load in loads]
+    return {
+        "migrations": len(names_),
+        "finished": len(finished),
+        "succeeded": sum(
+            1 for b in results if (b.get("status") or {}).get("result") == "Succeeded"
+        ),
+        "all_answered": all(answered),
+        "sent": sum(len(load.sent) for load in loads),
+        "lost": sum(v.lost for v in verdicts),
+        "duplicated": sum(v.duplicated for v in verdicts),
+        "reordered": sum(v.reordered for v in verdicts),
+        "wall_s": round(elapsed, 2),
+    }
