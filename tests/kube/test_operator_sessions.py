@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.kube import names
@@ -18,6 +19,7 @@ from tests.kube.operator_world import World, reply_counts, session_manifest, wor
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(240)
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "02-kubernetes" / "agentsession.yaml"
 
 
 @pytest.fixture
@@ -167,3 +169,34 @@ async def test_deleting_a_session_with_the_gateway_down_does_not_hang(world: Wor
 
 async def _no_pods(world: World, session: str) -> bool:
     return not await world.pods(session)
+
+
+async def test_the_example_session_runs_with_its_credential_identity_and_memory(
+    world: World,
+) -> None:
+    """examples/02-kubernetes/agentsession.yaml, applied as a user would (with the
+    Secret its credential names), comes up and answers."""
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    await world.raw.create(
+        world.path("secrets"),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "weather-api"},
+            "data": {"token": base64.b64encode(b"sk-weather").decode()},
+        },
+    )
+    await world.apply(manifest)
+    body = await world.wait_running("support-ada", epoch=1)
+    pod = await world.raw.get(world.path("pods", body["status"]["ownerPod"]))
+    assert pod is not None
+    mounts = {m["mountPath"] for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert f"{names.CREDENTIALS_DIR}/weather-api" in mounts
+    async with world.client() as client:
+        sid = world.gateway_session("support-ada")
+        accepted = await client.post_message(sid, "my name is Ada")
+
+        async def answered() -> bool:
+            return accepted.seq in await reply_counts(client, sid)
+
+        await eventually(answered, timeout=30)

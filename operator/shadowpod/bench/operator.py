@@ -141,7 +141,10 @@ async def run_operator_bench(config: OperatorBenchConfig) -> dict[str, Any]:
     await gateway.start()
     crds = [REPO / "crds"]
     try:
-        async with emulator_mod.ApiServerEmulator(crds=crds) as server, kmock.Server(server):
+        async with (
+            emulator_mod.ApiServerEmulator(crds=crds, keep_requests=False) as server,
+            kmock.Server(server),
+        ):
             kube = connection_mod.KubeConnection.to_emulator(
                 str(server.url).rstrip("/"), config.workdir
             )
@@ -258,7 +261,7 @@ async def _live(
     images = importlib.import_module("tests.kube.conftest").local_images()
     try:
         async with (
-            emulator_mod.ApiServerEmulator(crds=[REPO / "crds"]) as server,
+            emulator_mod.ApiServerEmulator(crds=[REPO / "crds"], keep_requests=False) as server,
             kmock.Server(server),
         ):
             kube = connection_mod.KubeConnection.to_emulator(str(server.url).rstrip("/"), workdir)

@@ -32,6 +32,9 @@ from tests.kube.emulator.store import ObjectStore
 from tests.kube.emulator.watching import Change, WatchCache, Watcher
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
+# With keep_requests off, the request log kmock matches reactions against is cut to this
+# (a request is matched as soon as it is logged, before the next one can be).
+RECENT_REQUESTS = 8
 
 
 def _status_ok(code: int = 201) -> dict[str, Any]:
@@ -46,7 +49,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     history_limit: int = 5  # versions kept per object in ``objects`` (memory stays bounded)
     watch_window: int = 100_000  # changes a watch can resume from; older ones get 410 Gone
     bookmark_interval: float = 10.0  # seconds between BOOKMARKs on an idle watch
-    keep_requests: bool = True  # kmock's request log (off for long benchmark runs)
+    keep_requests: bool = True  # kmock's whole request log (off: only the recent ones)
 
     _served: dict[tuple[str, str, str], ServedResource] = attrs.field(factory=dict, init=False)
     _by_key: dict[kmock.resource, ServedResource] = attrs.field(factory=dict, init=False)
@@ -125,8 +128,11 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         raw_response: aiohttp.web.StreamResponse | None = None
         try:
             request = await self._parse(raw_request)
-            if self.keep_requests:
-                self._requests.append(request)
+            self._requests.append(request)
+            if not self.keep_requests and len(self._requests) > RECENT_REQUESTS:
+                # kmock finds a request's reaction by looking for it in its log, from
+                # the start: a log that only grows makes every request slower.
+                del self._requests[:-RECENT_REQUESTS]
             try:
                 return await self._handle(request)
             except StreamingError as exc:
