@@ -285,3 +285,18 @@ async def test_an_operator_that_dies_after_saving_any_phase_is_resumed_by_the_ne
 
 async def _count_pods(world: World, session: str, count: int) -> bool:
     return len(await world.pods(session)) == count
+
+
+async def test_an_image_change_during_a_migration_waits_for_it_then_runs(world: World) -> None:
+    await world.apply(session_manifest("q1"))
+    await world.wait_running("q1", epoch=1)
+    first = await bump(world, "q1", "refagent:v2")
+    second = await bump(world, "q1", "refagent:v2-b")  # while the first one runs
+    done_first = await world.wait_finished(first)
+    done_second = await world.wait_finished(second)
+    assert done_first["status"]["result"] == "Succeeded"
+    assert done_second["status"]["result"] == "Succeeded", done_second["status"].get("message")
+    # Never side by side: the second started after the first had finished.
+    assert World.record(done_second).started >= World.record(done_first).ended  # type: ignore[operator]
+    body = await world.wait_running("q1", epoch=3)
+    assert body["status"]["image"] == "refagent:v2-b"
