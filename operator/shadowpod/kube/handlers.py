@@ -24,6 +24,7 @@ import aiohttp
 import kopf
 from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
+from pydantic import ValidationError
 
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
@@ -142,7 +143,7 @@ def registry(
         async with lock(*key):
             try:
                 seen = await sessions.reconcile(ctx(), raw)
-            except ShadowpodError as exc:
+            except (ShadowpodError, ValidationError) as exc:
                 await _failed(ctx(), raw, "AgentSession", exc, patch)
                 return
             patch.status.update(sessions.status_patch(raw, seen))
@@ -178,7 +179,7 @@ def registry(
             try:
                 await migrations.run(ctx(), raw, stopped)
                 return
-            except ShadowpodError as exc:
+            except (ShadowpodError, ValidationError) as exc:
                 await _failed(ctx(), raw, "AgentMigration", exc, None)
                 await stopped.wait(5.0)
 
@@ -221,7 +222,7 @@ def registry(
         async with lock(*key):
             try:
                 seen = await sessions.reconcile(ctx(), body)
-            except ShadowpodError as exc:
+            except (ShadowpodError, ValidationError) as exc:
                 await _failed(ctx(), body, "AgentSession", exc, None)
                 return
             path = namespaced("agentsessions", key[0], key[1])
@@ -235,10 +236,12 @@ async def _failed(
     ctx: OperatorContext,
     body: dict[str, Any],
     kind: str,
-    exc: ShadowpodError,
+    exc: ShadowpodError | ValidationError,
     patch: kopf.Patch | None,
 ) -> None:
-    reason = getattr(exc, "reason", type(exc).__name__)
+    # A spec the API server admitted but the operator's models refuse: a CRD older
+    # than the operator, say. Said on the object; the next pass tries again.
+    reason = "InvalidSpec" if isinstance(exc, ValidationError) else exc.reason
     logger.warning(
         "%s %s/%s: %s: %s",
         kind,

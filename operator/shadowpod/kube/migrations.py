@@ -67,6 +67,9 @@ async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
     """Drive the AgentMigration ``body`` to its end (the daemon's whole work). Stopped
     (the operator exiting, the migration deleted), it leaves the record where it is:
     a restarted operator resumes it, and ``cancel`` rolls a deleted one back."""
+    meta = body["metadata"]
+    # Fresh: after a failed attempt, the record saved since is in the API, not in ``body``.
+    body = await ctx.api.get(namespaced("agentmigrations", meta["namespace"], meta["name"])) or body
     migration = AgentMigration.model_validate(dict(body))
     if migration.status is not None and migration.status.phase in TERMINAL:
         return
