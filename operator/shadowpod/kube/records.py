@@ -9,6 +9,7 @@ event, on the migration and on its session, and feeds the metrics.
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -19,6 +20,7 @@ from shadowpod.kube.context import EventType, OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
 from shadowpod.kube.models.v1alpha1 import MigrationCondition
 
+logger = logging.getLogger("shadowpod.operator")
 RECORD_ANNOTATION: Final = f"{names.PREFIX}/record"
 RESULTS: Final = {
     Phase.SUCCEEDED: "Succeeded",
@@ -153,6 +155,18 @@ class MigrationRecords:
             self._phase = record.phase
 
     async def _phase_changed(self, record: MigrationRecord) -> None:
+        logger.info(
+            "migration %s: %s",
+            record.spec.id,
+            record.phase,
+            extra={
+                "migration": record.spec.id,
+                "session": record.spec.session,
+                "epoch": record.fence.epoch if record.fence else record.source_epoch,
+                "phase": record.phase.value,
+                "reason": record.reason,
+            },
+        )
         metrics = self.ctx.metrics
         previous = self._phase
         if previous is not None and (timing := record.timings.get(previous)) and timing.seconds:
