@@ -200,3 +200,43 @@ async def test_the_example_session_runs_with_its_credential_identity_and_memory(
             return accepted.seq in await reply_counts(client, sid)
 
         await eventually(answered, timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason", "says"),
+    [
+        ({"image": "Registry/RefAgent:v1"}, "InvalidImage", "not a valid image reference"),
+        (
+            {"credentials": [{"name": "mail", "secretRef": {"name": "mail", "key": "nope"}}]},
+            "SecretKeyNotFound",
+            "has no such key",
+        ),
+    ],
+)
+async def test_a_bad_manifest_the_api_admits_is_a_condition_and_an_event(
+    world: World, spec: dict[str, object], reason: str, says: str
+) -> None:
+    await world.raw.create(
+        world.path("secrets"),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "mail"},
+            "data": {"pw": "eA=="},
+        },
+    )
+    manifest = session_manifest("bad")
+    manifest["spec"].update(spec)
+    await world.apply(manifest)
+
+    async def degraded() -> dict[str, str] | None:
+        conditions = ((await world.session("bad")).get("status") or {}).get("conditions", [])
+        found = [c for c in conditions if c["type"] == "Degraded" and c["status"] == "True"]
+        return found[0] if found else None
+
+    condition = await eventually(degraded, timeout=30)
+    assert condition["reason"] == reason and says in condition["message"]
+    assert (await world.session("bad"))["status"]["phase"] == "Pending"
+    warnings = [(r, m) for t, r, m in await world.events("bad") if t == "Warning"]
+    assert [r for r, _ in warnings] == [reason]  # said once, not on every pass
+    assert await world.pods("bad") == []

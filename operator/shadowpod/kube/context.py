@@ -41,6 +41,8 @@ class OperatorContext:
     # Sessions by phase, for the sessions gauge: (namespace, name) -> phase.
     session_phases: dict[tuple[str, str], str] = field(default_factory=dict)
     unready_owners: set[tuple[str, str]] = field(default_factory=set)
+    # The problem last said (as a Warning event) of each session, "namespace/name".
+    problems_said: dict[str, str] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     def lock(self, key: str) -> asyncio.Lock:

@@ -219,9 +219,15 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     session = session_model(body)
     namespace, name = session.metadata.namespace or "default", session.metadata.name or ""
     found = await problems(ctx, session)
-    if found and _degraded_reason(body) != found[0].reason:  # a new problem: say it once
+    key = f"{namespace}/{name}"
+    said = ctx.problems_said.get(key) or _degraded_reason(body)
+    if found and said != found[0].reason:  # a new problem: said once, not every pass
         for problem in found:
             await ctx.event(body, "Warning", problem.reason, problem.message)
+    if found:
+        ctx.problems_said[key] = found[0].reason
+    else:
+        ctx.problems_said.pop(key, None)
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
     # The Secret, the gateway session and the budget were made for this spec already:
