@@ -9,12 +9,9 @@ minute); ``SHADOWPOD_FUZZ_LONG=1`` runs many more (by hand, or in CI).
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,11 +27,9 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from shadowpod.api.models import CreateSession, OwnershipChange
-from shadowpod.client.gateway import GatewayClient
-from shadowpod.gateway.app import make_app, make_runner
-from tests.gateway.conftest import CONTROL, gateway_config
+from tests.gateway.conftest import CONTROL
 from tests.gateway.test_openapi import load_spec
+from tests.gateway.threaded import Gateway
 
 LONG = os.environ.get("SHADOWPOD_FUZZ_LONG") == "1"
 EXAMPLES = 300 if LONG else 6
@@ -61,60 +56,10 @@ schema = schemathesis.openapi.from_dict(
 )
 
 
-class Gateway:
-    """A gateway (``make_app`` served by its runner) on its own event loop and thread:
-    schemathesis calls it synchronously."""
-
-    def __init__(self, journal: Path) -> None:
-        self.url = ""
-        self.agent_token = ""
-        self._journal = journal
-        self._ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._stop: asyncio.Event | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Gateway:
-        self._thread.start()
-        assert self._ready.wait(10), "the gateway did not start"
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        assert self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        self._loop.run_until_complete(self._serve())
-
-    async def _serve(self) -> None:
-        from aiohttp import web
-
-        self._stop = asyncio.Event()
-        config = gateway_config(self._journal, max_wait_s=0.2, max_body_bytes=64 * 1024)
-        runner = make_runner(make_app(config))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        self.url = f"http://127.0.0.1:{port}"
-        async with GatewayClient(self.url, CONTROL) as control:
-            created = await control.create_session(CreateSession(session=SESSION))
-            await control.set_ownership(
-                SESSION, OwnershipChange(expect_epoch=0, epoch=1, owner="pod-a")
-            )
-            await control.post_message(SESSION, "hello")
-        self.agent_token = created.agent_token
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await runner.cleanup()
-
-
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
-    with Gateway(tmp_path_factory.mktemp("fuzz") / "j.db") as running:
+    journal = tmp_path_factory.mktemp("fuzz") / "j.db"
+    with Gateway(journal, SESSION, max_wait_s=0.2, max_body_bytes=64 * 1024) as running:
         yield running
 
 
