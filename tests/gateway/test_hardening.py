@@ -299,8 +299,15 @@ BODY_CASES: list[tuple[str, str, dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize("value", ODD, ids=repr)
-@pytest.mark.parametrize(("method", "route", "body", "field"), BODY_CASES)
+@pytest.mark.parametrize(
+    ("method", "route", "body", "field", "value"),
+    [
+        pytest.param(*case, value, id=f"{case[1]}.{case[3]}={value!r}")
+        for case in BODY_CASES
+        for value in ODD
+        if not (value is None and case[3] == "after")  # after may be null
+    ],
+)
 async def test_odd_integers_in_bodies_are_400_naming_the_field(
     http: aiohttp.ClientSession,
     url: str,
@@ -311,8 +318,6 @@ async def test_odd_integers_in_bodies_are_400_naming_the_field(
     field: str,
     value: Any,
 ) -> None:
-    if value is None and field == "after":
-        pytest.skip("after may be null")
     token = CONTROL if route in ("ownership", "fence", "unfence") else owned.agent_token
     raw = orjson.dumps({**body, field: 0}).replace(b":0", b":" + _json(value), 1)
     reply = await call(
