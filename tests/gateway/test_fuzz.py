@@ -87,10 +87,11 @@ def steer(case: Any) -> None:
         query["wait"] = 0.1
     body = case.body
     if isinstance(body, dict) and isinstance(body.get("timeout_s"), (int, float)):
-        body["timeout_s"] = min(max(body["timeout_s"], 0.01), 0.2)
+        body["timeout_s"] = min(max(body["timeout_s"], 0.01), 0.05)
 
 
 @schema.parametrize()
+@pytest.mark.timeout(1800 if LONG else 120)
 @settings(
     deadline=None,
     suppress_health_check=list(HealthCheck),
