@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 from shadowpod.api.models import CreateSession, OwnershipChange
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry, NewEntry
-from shadowpod.gateway.app import make_app
+from shadowpod.gateway.app import make_app, make_runner
 from shadowpod.gateway.config import GatewayConfig
 from shadowpod.gateway.context import GATEWAY, Gateway
 from shadowpod.sessions.tokens import token_hash
@@ -82,6 +82,13 @@ def gateway_config(journal: Path, **overrides: Any) -> GatewayConfig:
     )
 
 
+class GatewayTestServer(TestServer):
+    """A ``TestServer`` that serves the app as ``shadowpod gateway`` does (its runner)."""
+
+    async def _make_runner(self, **kwargs: Any) -> web.AppRunner:
+        return make_runner(self.app, **kwargs)
+
+
 @pytest.fixture
 def journal_path(tmp_path: Path) -> Path:
     return tmp_path / "j.db"
@@ -95,7 +102,7 @@ async def start_gateway(journal_path: Path) -> AsyncIterator[StartGateway]:
     async def start(**overrides: Any) -> RunningGateway:
         config = gateway_config(journal_path, **overrides)
         app = make_app(config)
-        server = TestServer(app, host="127.0.0.1")
+        server = GatewayTestServer(app, host="127.0.0.1")
         await server.start_server()
         running = RunningGateway(server, app, config, str(server.make_url("")).rstrip("/"))
         started.append(running)

@@ -215,6 +215,7 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "OwnershipChange": models.OwnershipChange,
     "FenceRequest": models.FenceRequest,
     "UnfenceRequest": models.UnfenceRequest,
+    "SnapshotRequest": models.SnapshotRequest,
     "NewEntry": NewEntry,
     **{f"{model.__name__}": model for model in set(payloads.PAYLOAD_MODELS.values())},
 }

@@ -6,15 +6,19 @@ generators). Transport-free: no aiohttp here. ``openapi.yaml`` documents the sam
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict
 
+from shadowpod.domain.bounds import EntrySeq, Epoch, OwnerEpoch, Seq
 from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
 from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.domain.payloads import (
     MAX_SCHEDULE_CONTENT,
     MAX_SCHEDULES_PER_SESSION,
+    ExitCode,
+    OwnerName,
+    Pid,
     SchedulePeriod,
 )
 
@@ -76,11 +80,10 @@ class EventsPage(_Body):
 
 
 class AppendRequest(_Body):
-    epoch: int = Field(ge=1, description="The owner epoch the writer was given.")
+    epoch: OwnerEpoch = Field(description="The owner epoch the writer was given.")
     entries: list[NewEntry]
-    after: int | None = Field(
+    after: Seq | None = Field(
         default=None,
-        ge=0,
         description="Also answer with the entries released to the owner after this seq.",
     )
 
@@ -107,8 +110,8 @@ class Deliveries(_Body):
 
 
 class AckRequest(_Body):
-    epoch: int = Field(ge=1)
-    turn: int = Field(ge=1)
+    epoch: OwnerEpoch
+    turn: EntrySeq = Field(description="An inbound entry at or below the journal's head.")
 
 
 class JournalPage(_Body):
@@ -117,17 +120,18 @@ class JournalPage(_Body):
 
 
 class ProcessReport(_Body):
-    name: str
-    pid: int | None = None
+    # The bounds of the ``process`` entry it is journaled as (``ProcessPayload``).
+    name: str = Field(min_length=1, max_length=200)
+    pid: Pid | None = None
     outcome: Literal["exited", "terminated", "killed"]
-    exit_code: int | None = None
+    exit_code: ExitCode | None = None
 
 
 class DrainReport(_Body):
     """What a fenced owner reports as it leaves: the background work it stopped."""
 
-    instance: str = Field(min_length=1, max_length=253)
-    epoch: int = Field(ge=1)
+    instance: OwnerName
+    epoch: OwnerEpoch
     processes: list[ProcessReport] = Field(default_factory=list)
 
 
@@ -150,6 +154,10 @@ class SnapshotInfoOut(_Body):
 class SnapshotOut(_Body):
     info: SnapshotInfoOut
     document: dict[str, Any]
+
+
+class SnapshotRequest(_Body):
+    """The body of a snapshot request, if any: an empty object (it has no fields yet)."""
 
 
 class SnapshotRequested(_Body):
@@ -220,15 +228,15 @@ class SessionStatus(_Body):
 
 
 class OwnershipChange(_Body):
-    expect_epoch: int = Field(ge=0)
-    epoch: int = Field(ge=1)
-    owner: str = Field(min_length=1, max_length=253)
+    expect_epoch: Epoch
+    epoch: OwnerEpoch
+    owner: OwnerName
 
 
 class FenceRequest(_Body):
-    expect_epoch: int = Field(ge=1, description="The epoch of the owner to fence.")
-    new_owner: str = Field(min_length=1, max_length=253)
-    timeout_s: float = Field(default=5.0, gt=0, le=300)
+    expect_epoch: OwnerEpoch = Field(description="The epoch of the owner to fence.")
+    new_owner: OwnerName
+    timeout_s: Annotated[float, Strict()] = Field(default=5.0, gt=0, le=300, allow_inf_nan=False)
 
 
 class FenceResult(_Body):
@@ -240,7 +248,7 @@ class FenceResult(_Body):
 
 
 class UnfenceRequest(_Body):
-    expect_epoch: int = Field(ge=0)
+    expect_epoch: Epoch
 
 
 class FenceStateOut(_Body):

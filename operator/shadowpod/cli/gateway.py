@@ -53,6 +53,38 @@ CANNOT_START = 1
     type=click.IntRange(1024),
     help="Largest snapshot an agent may store (a whole session state).",
 )
+@click.option(
+    "--max-connections-per-peer",
+    default=256,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Most connections one client address may hold (0: no limit; behind a proxy "
+    "every client has the proxy's address).",
+)
+@click.option(
+    "--header-timeout",
+    "header_timeout_s",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600, min_open=True),
+    help="Seconds a request's headers may take (and a connection may stay idle).",
+)
+@click.option(
+    "--body-timeout",
+    "body_timeout_s",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600, min_open=True),
+    help="Seconds a request body may take to arrive.",
+)
+@click.option(
+    "--body-idle-timeout",
+    "body_idle_timeout_s",
+    default=15.0,
+    show_default=True,
+    type=click.FloatRange(0, 3600, min_open=True),
+    help="Longest pause, in seconds, while a request body is sent.",
+)
 @click.option("--no-schedules", is_flag=True, help="Do not fire schedules (another gateway does).")
 @click.option(
     "--log-level",
@@ -71,6 +103,10 @@ def gateway(
     client_token_file: Path | None,
     max_body_bytes: int,
     max_snapshot_bytes: int,
+    max_connections_per_peer: int,
+    header_timeout_s: float,
+    body_timeout_s: float,
+    body_idle_timeout_s: float,
     no_schedules: bool,
     log_level: str,
     log_format: str,
@@ -94,6 +130,10 @@ def gateway(
             else frozenset(),
             max_body_bytes=max_body_bytes,
             max_snapshot_bytes=max_snapshot_bytes,
+            max_connections_per_peer=max_connections_per_peer,
+            header_timeout_s=header_timeout_s,
+            body_timeout_s=body_timeout_s,
+            body_idle_timeout_s=body_idle_timeout_s,
             schedules=not no_schedules,
         )
     except ValueError as exc:

@@ -7,15 +7,24 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator
+from typing import Any, Final
 
 from aiohttp import web
 
 from shadowpod.gateway.auth import Authenticator
 from shadowpod.gateway.config import GatewayConfig
 from shadowpod.gateway.context import GATEWAY, Gateway
-from shadowpod.gateway.errors import LIMITS, Handler, Limits, error_middleware
+from shadowpod.gateway.errors import (
+    CONTROL_BODY_BYTES,
+    LIMITS,
+    Handler,
+    Limits,
+    body_limits,
+    error_middleware,
+)
 from shadowpod.gateway.metrics import GatewayMetrics
 from shadowpod.gateway.routes import channel, client, control, ops, owner, shadow, snapshots
+from shadowpod.gateway.server import GatewayRunner
 from shadowpod.journal.factory import store_from_url
 from shadowpod.journal.store import JournalStore
 from shadowpod.sessions.fence import ExchangeFence
@@ -43,6 +52,44 @@ async def count_requests(request: web.Request, handler: Handler) -> web.StreamRe
     return response
 
 
+# Routes that take a body, and how large a one. Every other route takes none.
+SNAPSHOT_BODIES: Final = frozenset({"put_snapshot"})
+LARGE_BODIES: Final = frozenset(
+    {"post_message", "append_journal", "create_session", "post_drained"}
+)
+CONTROL_BODIES: Final = frozenset(
+    {"post_ack", "put_ownership", "fence", "unfence", "request_snapshot"}
+)
+
+
+def body_limits_by_route(config: GatewayConfig) -> dict[str, int]:
+    limits: dict[str, int] = {}
+    for table in ROUTE_TABLES:
+        for route in table:
+            assert isinstance(route, web.RouteDef) and route.kwargs.get("name")
+            name = route.kwargs["name"]
+            if name in SNAPSHOT_BODIES:
+                limits[name] = config.max_snapshot_bytes
+            elif name in LARGE_BODIES:
+                limits[name] = config.max_body_bytes
+            elif name in CONTROL_BODIES:
+                limits[name] = min(CONTROL_BODY_BYTES, config.max_body_bytes)
+            else:
+                limits[name] = 0
+    return limits
+
+
+def make_runner(app: web.Application, **kwargs: Any) -> GatewayRunner:
+    """The runner that serves ``app`` with the gateway's connection limits."""
+    config = app[GATEWAY].config
+    return GatewayRunner(
+        app,
+        max_connections_per_peer=config.max_connections_per_peer,
+        header_timeout_s=config.header_timeout_s,
+        **kwargs,
+    )
+
+
 def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Application:
     store = store or store_from_url(config.journal_url)
     metrics = GatewayMetrics()
@@ -57,13 +104,18 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
         metrics=metrics,
     )
     app = web.Application(
-        # Each route checks its own limit (read_body); this is the largest of them.
-        client_max_size=max(config.max_body_bytes, config.max_snapshot_bytes),
-        middlewares=[count_requests, error_middleware],
+        # Routes stream their bodies with their own limits (read_raw_body); this only
+        # bounds a body read whole by aiohttp, which the gateway does not do.
+        client_max_size=config.max_body_bytes,
+        middlewares=[count_requests, error_middleware, body_limits],
     )
     app[GATEWAY] = gw
     app[LIMITS] = Limits(
-        max_body_bytes=config.max_body_bytes, max_snapshot_bytes=config.max_snapshot_bytes
+        max_body_bytes=config.max_body_bytes,
+        max_snapshot_bytes=config.max_snapshot_bytes,
+        body_timeout_s=config.body_timeout_s,
+        body_idle_timeout_s=config.body_idle_timeout_s,
+        routes=body_limits_by_route(config),
     )
     for table in ROUTE_TABLES:
         app.add_routes(table)
@@ -105,7 +157,7 @@ def _redacted(url: str) -> str:
 
 async def serve(config: GatewayConfig, *, ready: asyncio.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT, then stop accepting, end streams and close the store."""
-    runner = web.AppRunner(make_app(config), access_log=None, shutdown_timeout=5.0)
+    runner = make_runner(make_app(config), shutdown_timeout=5.0)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, reuse_address=True)
     await site.start()

@@ -31,6 +31,25 @@ class GatewayConfig(BaseModel):
     max_page: int = Field(default=10_000, ge=1, description="Most entries per JSON page.")
     max_wait_s: float = Field(default=30.0, gt=0, description="Longest long-poll.")
     schedules: bool = Field(default=True, description="Fire the sessions' schedules.")
+    max_connections_per_peer: int = Field(
+        default=256,
+        ge=0,
+        description="Most connections one client address holds at once (0: no limit). "
+        "Behind a proxy every client has the proxy's address: raise it there.",
+    )
+    header_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A request's headers must arrive within this of the connection "
+        "opening or of the previous answer; also the longest a connection stays idle.",
+    )
+    body_timeout_s: float = Field(
+        default=300.0, gt=0, le=3600, description="Longest a request body may take to arrive."
+    )
+    body_idle_timeout_s: float = Field(
+        default=15.0, gt=0, le=3600, description="Longest pause while a body is sent."
+    )
     delivery_window: int = Field(
         default=4,
         ge=1,

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import orjson
 from aiohttp import web
 from pydantic import BaseModel
 
+from shadowpod.api.models import FieldError
+from shadowpod.domain.bounds import INT64_MAX
 from shadowpod.domain.entries import check_session_id
 from shadowpod.gateway.auth import Authenticator
 from shadowpod.gateway.config import GatewayConfig
@@ -53,43 +56,59 @@ def session_of(request: web.Request) -> str:
         raise ApiError(400, "InvalidSession", str(exc)) from None
 
 
-def int_query(request: web.Request, name: str, default: int, *, minimum: int = 0) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(
-            400, "InvalidQuery", f"query parameter {name!r} must be an integer, got {raw!r}"
-        ) from None
+def parse_int(raw: str, name: str, *, minimum: int = 0, maximum: int = INT64_MAX) -> int:
+    """``raw`` as an integer from ``minimum`` to ``maximum``: ASCII digits only (no sign,
+    space, ``_`` or other scripts' digits, which ``int()`` would take), or a 400 naming
+    ``name``."""
+    if not (raw.isascii() and raw.isdigit()):
+        raise invalid_value(name, f"must be an integer (ASCII digits), got {raw[:40]!r}")
+    value = int(raw) if len(raw) <= 20 else maximum + 1
     if value < minimum:
-        raise ApiError(
-            400, "InvalidQuery", f"query parameter {name!r} must be at least {minimum}, got {value}"
-        )
+        raise invalid_value(name, f"must be at least {minimum}, got {value}")
+    if value > maximum:
+        raise invalid_value(name, f"must be at most {maximum}, got {raw[:40]}")
     return value
 
 
-def required_int_query(request: web.Request, name: str, *, minimum: int = 0) -> int:
+def invalid_value(name: str, problem: str) -> ApiError:
+    return ApiError(
+        400,
+        "InvalidQuery",
+        f"query parameter {name!r} {problem}",
+        [FieldError(loc=name, msg=problem)],
+    )
+
+
+def int_query(
+    request: web.Request, name: str, default: int, *, minimum: int = 0, maximum: int = INT64_MAX
+) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    return parse_int(raw, name, minimum=minimum, maximum=maximum)
+
+
+def required_int_query(
+    request: web.Request, name: str, *, minimum: int = 0, maximum: int = INT64_MAX
+) -> int:
     if name not in request.query:
-        raise ApiError(400, "InvalidQuery", f"query parameter {name!r} is required")
-    return int_query(request, name, minimum, minimum=minimum)
+        raise invalid_value(name, "is required")
+    return int_query(request, name, minimum, minimum=minimum, maximum=maximum)
+
+
+# A decimal number: no "nan", "inf", exponent, sign or other scripts' digits.
+_DECIMAL: Final = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
 
 
 def float_query(request: web.Request, name: str, default: float, *, maximum: float) -> float:
     raw = request.query.get(name)
     if raw is None:
         return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ApiError(
-            400, "InvalidQuery", f"query parameter {name!r} must be a number, got {raw!r}"
-        ) from None
+    if not _DECIMAL.fullmatch(raw):
+        raise invalid_value(name, f"must be a number of seconds like 2.5, got {raw[:40]!r}")
+    value = float(raw)
     if not 0 <= value <= maximum:
-        raise ApiError(
-            400, "InvalidQuery", f"query parameter {name!r} must be between 0 and {maximum}"
-        )
+        raise invalid_value(name, f"must be between 0 and {maximum}, got {raw}")
     return value
 
 

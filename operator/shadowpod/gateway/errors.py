@@ -9,7 +9,7 @@ from typing import Final, TypeVar
 
 import orjson
 from aiohttp import web
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from shadowpod.api.models import ErrorBody, FieldError
 from shadowpod.domain.errors import SchemaTooNew, ShadowpodError
@@ -32,10 +32,19 @@ logger = logging.getLogger(__name__)
 class Limits(BaseModel):
     max_body_bytes: int
     max_snapshot_bytes: int
+    body_timeout_s: float = 300.0
+    body_idle_timeout_s: float = 15.0
+    # The largest body each route takes, by route name (0: the route takes none).
+    routes: dict[str, int] = Field(default_factory=dict)
 
+
+# Bodies of control requests (an ownership change, a fence, an ack) are a few fields.
+CONTROL_BODY_BYTES: Final = 16 * 1024
 
 # Kept apart from the gateway context so this middleware needs nothing else.
 LIMITS = web.AppKey("limits", Limits)
+# The body limit of the route a request was routed to (set by ``body_limits``).
+BODY_LIMIT: Final = web.RequestKey("body_limit", int)
 M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -90,34 +99,62 @@ def field_errors(exc: ValidationError, prefix: str = "") -> list[FieldError]:
 LARGE_BODY: Final = 256 * 1024
 
 
+def too_large(limit: int) -> ApiError:
+    return ApiError(
+        413,
+        "TooLarge",
+        f"the request body is larger than the {limit} bytes this route allows",
+    )
+
+
+def body_timeout(read: int, limits: Limits) -> ApiError:
+    return ApiError(
+        408,
+        "BodyTimeout",
+        f"the request body came too slowly ({read} bytes read): a body must be sent "
+        f"within {limits.body_timeout_s:g} s, with no pause over "
+        f"{limits.body_idle_timeout_s:g} s",
+    )
+
+
 async def read_raw_body(request: web.Request, *, limit: int | None = None) -> bytes:
-    """The request body, or a 413 when it is larger than ``limit`` (by default the
-    gateway's body limit)."""
-    limit = request.app[LIMITS].max_body_bytes if limit is None else limit
+    """The request body, read as it streams in: a 413 as soon as it is larger than
+    ``limit`` (by default the route's limit, else the gateway's body limit), nothing
+    more is read or kept; a 408 when it comes too slowly."""
+    limits = request.app[LIMITS]
+    if limit is None:
+        limit = request.get(BODY_LIMIT, limits.max_body_bytes)
     if request.content_length is not None and request.content_length > limit:
-        raise ApiError(
-            413, "TooLarge", f"the request body is larger than the {limit} bytes allowed"
-        )
-    raw = await request.read()
-    if len(raw) > limit:
-        raise ApiError(
-            413, "TooLarge", f"the request body is larger than the {limit} bytes allowed"
-        )
-    return raw
+        raise too_large(limit)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.body_timeout_s
+    body = bytearray()
+    while True:
+        wait = min(limits.body_idle_timeout_s, deadline - loop.time())
+        try:
+            if wait <= 0:
+                raise TimeoutError
+            async with asyncio.timeout(wait):
+                chunk = await request.content.readany()
+        except TimeoutError:
+            raise body_timeout(len(body), limits) from None
+        if not chunk:
+            return bytes(body)
+        if len(body) + len(chunk) > limit:
+            raise too_large(limit)
+        body += chunk
 
 
-async def read_body(request: web.Request, model: type[M], *, limit: int | None = None) -> M:
-    """The request body as ``model``, or a 400 naming every field that is wrong (413
-    when it is larger than ``limit``, by default the gateway's body limit)."""
-    raw = await read_raw_body(request, limit=limit)
+def parse_body(raw: bytes, model: type[M]) -> M:
+    """``raw`` (JSON) as ``model``, or a 400 naming every field that is wrong."""
     try:
-        data = (
-            await asyncio.to_thread(orjson.loads, raw)
-            if len(raw) > LARGE_BODY
-            else orjson.loads(raw)
-        )
+        data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(400, "MalformedJSON", f"the request body is not valid JSON: {exc}") from None
+    return validate_body(data, model)
+
+
+def validate_body(data: object, model: type[M]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -126,6 +163,34 @@ async def read_body(request: web.Request, model: type[M], *, limit: int | None =
         raise ApiError(
             400, "InvalidRequest", f"the request body is invalid: {summary}", errors
         ) from None
+
+
+async def read_body(request: web.Request, model: type[M], *, limit: int | None = None) -> M:
+    """The request body as ``model``, or a 400 naming every field that is wrong (413
+    when it is larger than ``limit``, by default the route's limit)."""
+    raw = await read_raw_body(request, limit=limit)
+    if len(raw) <= LARGE_BODY:
+        return parse_body(raw, model)
+    try:
+        data = await asyncio.to_thread(orjson.loads, raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "MalformedJSON", f"the request body is not valid JSON: {exc}") from None
+    return validate_body(data, model)
+
+
+@web.middleware
+async def body_limits(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refuse a body declared larger than the route allows before the route does any
+    work (authentication included); a streamed one is refused as soon as it is
+    (``read_raw_body``)."""
+    name = request.match_info.route.name
+    limit = request.app[LIMITS].routes.get(name) if name else None
+    if limit:  # a route that takes no body never reads one (aiohttp drops it, LINGER_S)
+        request[BODY_LIMIT] = limit
+        declared = request.content_length
+        if declared is not None and declared > limit:
+            raise too_large(limit)
+    return await handler(request)
 
 
 @web.middleware
@@ -138,17 +203,27 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         status = STATUS_OF.get(type(exc), 400 if isinstance(exc, ValueError) else 500)
         return error_response(status, exc.reason, str(exc))
     except web.HTTPRequestEntityTooLarge:
-        limit = request.app[LIMITS].max_snapshot_bytes
-        return error_response(
-            413, "TooLarge", f"the request body is larger than the {limit} bytes allowed"
-        )
+        return error_response(413, "TooLarge", str(too_large(request.app[LIMITS].max_body_bytes)))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         reason = exc.reason.replace(" ", "")
-        return error_response(exc.status, reason, exc.text or exc.reason)
+        message = http_error_message(request, exc)
+        response = error_response(exc.status, reason, message)
+        if "Allow" in exc.headers:  # 405: the methods the route takes
+            response.headers["Allow"] = exc.headers["Allow"]
+        return response
     except Exception:
         logger.exception("unexpected error in %s %s", request.method, request.path)
         return error_response(
             500, "InternalError", "an unexpected error occurred; see the gateway log"
         )
+
+
+def http_error_message(request: web.Request, exc: web.HTTPException) -> str:
+    if exc.status == 404:
+        return f"no route {request.path!r}: see openapi.yaml for the gateway's routes"
+    if exc.status == 405:
+        allowed = exc.headers.get("Allow", "")
+        return f"{request.method} is not allowed on {request.path!r}; allowed: {allowed}"
+    return exc.text or exc.reason

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp_sse import EventSourceResponse, sse_response
 
 from shadowpod.domain.entries import JournalEntry
-from shadowpod.gateway.context import Gateway, int_query
+from shadowpod.gateway.context import Gateway, int_query, parse_int
 
 PING_S = 10.0
 
@@ -25,8 +25,8 @@ EntryFilter = Callable[[JournalEntry], bool]
 def resume_point(request: web.Request) -> int:
     """Where a stream starts: ``Last-Event-ID`` if the client reconnects, else ``after``."""
     last_event = request.headers.get("Last-Event-ID")
-    if last_event is not None and last_event.isdigit():
-        return int(last_event)
+    if last_event is not None and last_event.strip():
+        return parse_int(last_event.strip(), "Last-Event-ID")
     return int_query(request, "after", 0)
 
 

@@ -58,6 +58,9 @@ class GatewayProcess:
                 "--host", self.host,
                 "--port", str(self.port),
                 "--control-token-file", str(token_file),
+                # Every agent, shadow and load client of a local run connects from
+                # this machine's address: a per-address limit would count them all.
+                "--max-connections-per-peer", "0",
                 env={**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=sink,

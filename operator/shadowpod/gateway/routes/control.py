@@ -11,6 +11,7 @@ from shadowpod.api.models import (
     OwnershipChange,
     SessionCreated,
     SessionSummary,
+    SnapshotRequest,
     SnapshotRequested,
     UnfenceRequest,
 )
@@ -24,7 +25,7 @@ from shadowpod.domain.payloads import (
     SchedulePayload,
 )
 from shadowpod.gateway.context import gateway, json_response, session_of
-from shadowpod.gateway.errors import ApiError, read_body
+from shadowpod.gateway.errors import ApiError, parse_body, read_body, read_raw_body
 from shadowpod.journal.errors import EpochConflict
 from shadowpod.sessions.fence import FenceTimeout
 from shadowpod.sessions.tokens import AGENT_TOKEN_META, new_token, token_hash
@@ -166,6 +167,9 @@ async def request_snapshot(request: web.Request) -> web.Response:
     gw = gateway(request)
     gw.auth.control(request)
     session = session_of(request)
+    raw = await read_raw_body(request)
+    if raw.strip():  # no body, or one with nothing in it: the request takes no fields
+        parse_body(raw, SnapshotRequest)
     [appended] = await gw.store.append(
         session, [NewEntry.of(ControlPayload(event=ControlEvent.SNAPSHOT_REQUEST))]
     )

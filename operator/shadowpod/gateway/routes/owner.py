@@ -19,6 +19,7 @@ from shadowpod.api.models import (
     AppendRequest,
     AppendResponse,
     DrainReport,
+    FieldError,
 )
 from shadowpod.domain.entries import JournalEntry, NewEntry
 from shadowpod.domain.payloads import (
@@ -39,7 +40,7 @@ from shadowpod.gateway.context import (
     session_of,
 )
 from shadowpod.gateway.errors import ApiError, read_body
-from shadowpod.journal.errors import Fenced
+from shadowpod.journal.errors import Fenced, InvalidTurn
 from shadowpod.journal.store import Appended
 from shadowpod.sessions.gates import SessionGate, Superseded
 
@@ -185,9 +186,12 @@ async def post_ack(request: web.Request) -> web.Response:
     await gw.auth.agent(request, session)
     body = await read_body(request, AckRequest)
     ack = NewEntry.of(AckPayload(turn=body.turn))
-    return json_response(
-        AppendResponse(appended=_appended_out(await owner_append(gw, session, [ack], body.epoch)))
-    )
+    try:
+        results = await owner_append(gw, session, [ack], body.epoch)
+    except InvalidTurn as exc:  # beyond the head, or not an inbound entry: nothing acked
+        problem = f"{body.turn} is not an inbound entry at or below the head ({exc.head})"
+        raise ApiError(400, exc.reason, str(exc), [FieldError(loc="turn", msg=problem)]) from None
+    return json_response(AppendResponse(appended=_appended_out(results)))
 
 
 @routes.post("/v1/sessions/{session}/drained", name="post_drained")

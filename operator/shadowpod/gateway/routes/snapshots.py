@@ -18,8 +18,10 @@ from aiohttp import web
 from shadowpod.api.models import (
     SNAPSHOT_SCHEMA_VERSION_HEADER,
     SNAPSHOT_WATERMARK_HEADER,
+    FieldError,
     SnapshotInfoOut,
 )
+from shadowpod.domain.bounds import INT32_MAX, INT64_MAX
 from shadowpod.domain.entries import format_ts
 from shadowpod.gateway.context import gateway, json_response, required_int_query, session_of
 from shadowpod.gateway.errors import ApiError, read_raw_body
@@ -41,8 +43,14 @@ def _info(info: SnapshotInfo) -> SnapshotInfoOut:
 
 def _watermark(request: web.Request) -> int:
     raw = request.match_info["watermark"]
-    if not raw.isdigit():
-        raise ApiError(400, "InvalidRequest", f"snapshot watermark must be a seq, got {raw!r}")
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > INT64_MAX:
+        problem = f"must be a seq (0 to {INT64_MAX}, ASCII digits), got {raw[:40]!r}"
+        raise ApiError(
+            400,
+            "InvalidRequest",
+            f"snapshot watermark {problem}",
+            [FieldError(loc="watermark", msg=problem)],
+        )
     return int(raw)
 
 
@@ -81,7 +89,7 @@ async def put_snapshot(request: web.Request) -> web.Response:
     session = session_of(request)
     await gw.auth.agent(request, session)
     watermark = _watermark(request)
-    schema_version = required_int_query(request, "schema_version", minimum=1)
+    schema_version = required_int_query(request, "schema_version", minimum=1, maximum=INT32_MAX)
     document = await read_raw_body(request, limit=gw.config.max_snapshot_bytes)
     kind = await asyncio.to_thread(codec.json_type, document)
     if kind is None:

@@ -1,0 +1,129 @@
+"""Schemathesis against the gateway's own ``openapi.yaml``: every route, with the
+tokens the document names, valid and invalid requests. No answer is a 5xx, and every
+answer conforms to the document: a documented status, its content type, its headers
+and its body (errors are the JSON error body).
+
+Bounded to stay cheap in ``make test`` (a few examples per route, well under a
+minute); ``SHADOWPOD_FUZZ_LONG=1`` runs many more (by hand, or in CI).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.config import SchemathesisConfig
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.gateway.conftest import CONTROL
+from tests.gateway.test_openapi import load_spec
+from tests.gateway.threaded import Gateway
+
+LONG = os.environ.get("SHADOWPOD_FUZZ_LONG") == "1"
+EXAMPLES = 300 if LONG else 6
+SESSION = "fuzzed"
+STREAMS = {"stream_events", "stream_journal", "owner_channel"}
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+
+schema = schemathesis.openapi.from_dict(
+    load_spec(),
+    config=SchemathesisConfig.from_dict(
+        {
+            "generation": {"mode": "all", "max-examples": EXAMPLES},
+            # The coverage phase sends each route its boundary values (2^63 for an
+            # epoch, an empty name), missing and unknown fields, other methods.
+            "phases": {"stateful": {"enabled": False}},
+        }
+    ),
+)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    journal = tmp_path_factory.mktemp("fuzz") / "j.db"
+    with Gateway(journal, SESSION, max_wait_s=0.2, max_body_bytes=64 * 1024) as running:
+        yield running
+
+
+def token_for(operation: dict[str, Any], gateway: Gateway) -> str | None:
+    schemes = {next(iter(r), "") for r in operation.get("security", [{}])}
+    if "controlToken" in schemes:
+        return CONTROL
+    if "agentToken" in schemes:
+        return gateway.agent_token
+    return None  # client routes: this gateway has no client tokens
+
+
+def steer(case: Any) -> None:
+    """Keep generated requests on the session that exists most of the time (random
+    names only reach 404s), and within the test's time."""
+    raw = case.operation.definition.raw
+    path = case.path_parameters or {}
+    session = path.get("session")
+    deleting = raw.get("operationId") == "delete_session"
+    # Three in four generated names are replaced (deterministically: not hash()).
+    if isinstance(session, str) and not deleting and zlib.crc32(session.encode()) % 4:
+        path["session"] = SESSION
+    query = case.query or {}
+    if "wait" in query:
+        query["wait"] = 0.1
+    body = case.body
+    if isinstance(body, dict) and isinstance(body.get("timeout_s"), (int, float)):
+        body["timeout_s"] = min(max(body["timeout_s"], 0.01), 0.05)
+
+
+@schema.parametrize()
+@pytest.mark.timeout(1800 if LONG else 120)
+@settings(
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    max_examples=EXAMPLES,
+    database=None,
+)
+def test_every_answer_conforms_to_the_document(case: Any, gateway: Gateway) -> None:
+    steer(case)
+    raw = case.operation.definition.raw
+    token = token_for(raw, gateway)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    if raw.get("operationId") in STREAMS:
+        _check_stream(case, gateway, headers)
+        return
+    case.call_and_validate(base_url=gateway.url, headers=headers, checks=CHECKS, timeout=10)
+
+
+def _check_stream(case: Any, gateway: Gateway, headers: dict[str, str]) -> None:
+    """A stream never ends: its status and headers are checked, then it is closed."""
+    kwargs = case.as_transport_kwargs(base_url=gateway.url, headers=headers)
+    kwargs.pop("timeout", None)
+    with requests.request(**kwargs, stream=True, timeout=5) as response:
+        assert response.status_code < 500, response.text
+        if case.method.upper() != case.operation.method.upper():  # a method it does not take
+            assert response.status_code == 405, response.status_code
+            assert case.operation.method.upper() in response.headers["Allow"].split(",")
+            assert response.json()["reason"] == "MethodNotAllowed"
+            return
+        documented = case.operation.definition.raw["responses"]
+        assert str(response.status_code) in documented, response.status_code
+        if response.status_code >= 400:
+            assert response.headers["Content-Type"].startswith("application/json")
+            assert set(response.json()) == {"reason", "message", "errors"}
+        elif response.status_code == 200:
+            assert response.headers["Content-Type"].startswith("text/event-stream")
