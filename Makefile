@@ -3,13 +3,18 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+HELM_SDKPY_VERSION := 0.1.32
 
 .PHONY: venv bytecode lint typecheck test demo bench image image-test clean
 
 # Re-installs only when pyproject.toml changes; otherwise this is a no-op.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	# Real Helm for the chart's tests (Helm's Go library). Not in pyproject: it declares
+	# Python >= 3.12 but works on 3.11, and only pip's --ignore-requires-python says so.
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --ignore-requires-python \
+		helm-sdkpy==$(HELM_SDKPY_VERSION)
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -132,6 +132,18 @@ BUILTINS: tuple[ServedResource, ...] = (
         subresources=["status", "scale"],
         short_names=["deploy"],
     ),
+    _builtin("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", short_names=["netpol"]),
+    # RBAC (the Helm chart's tests install it; nothing enforces it here).
+    _builtin("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    _builtin("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    _builtin("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+    _builtin(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        namespaced=False,
+    ),
     _builtin(
         "apiextensions.k8s.io",
         "v1",
