@@ -75,7 +75,9 @@ def _builtin(
         namespaced=namespaced,
         subresources=frozenset(subresources),
         short_names=frozenset(short_names),
-        strategic_merge=group != "apiextensions.k8s.io",
+        # CustomResourceDefinitions too (a compiled-in kind: Helm patches them so); only
+        # custom resources refuse strategic merge patches.
+        strategic_merge=True,
     )
 
 
