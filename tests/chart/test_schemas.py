@@ -1,0 +1,79 @@
+"""Every object the chart renders, with every switch on and off, against the Kubernetes
+API's own schemas (kubernetes-validate: the OpenAPI schemas of each release, offline),
+strict: an unknown or misspelt field fails as `kubectl apply --validate=strict` would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from tests.chart.helm import Helm
+from tests.chart.test_chart import EVERYTHING_ON
+
+# The oldest Kubernetes the chart supports (Chart.yaml's kubeVersion) and a current one.
+KUBERNETES_VERSIONS = ("1.28.0", "1.33.0")
+# prometheus-operator's kinds: no schema ships with Kubernetes. Their content is checked
+# by the tests that read them (test_chart, and promtool in test_alerts).
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "everything-on": EVERYTHING_ON,
+    "postgresql-namespaced": {
+        "gateway": {
+            "replicas": 2,
+            "journal": {"backend": "postgresql", "postgresql": {"existingSecret": "pg"}},
+            "clientTokens": {"existingSecret": "clients"},
+        },
+        "operator": {"watchNamespaces": ["team-a"], "metricsPort": 0},
+        "networkPolicy": {
+            "enabled": True,
+            "gatewayFrom": [{"namespaceSelector": {"matchLabels": {"clients": "yes"}}}],
+        },
+        "crds": {"enabled": False},
+    },
+}
+
+
+@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
+async def test_every_rendered_object_is_valid_kubernetes(
+    helm: Helm, values: dict[str, Any]
+) -> None:
+    rendered = await helm.install(values)
+    problems = []
+    checked = 0
+    for obj in rendered.objects:
+        if obj["kind"] in CUSTOM_KINDS:
+            continue
+        for version in KUBERNETES_VERSIONS:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as exc:
+                problems.append(f"{obj['kind']}/{obj['metadata']['name']} ({version}): {exc}")
+        checked += 1
+    assert problems == []
+    assert checked == len([obj for obj in rendered.objects if obj["kind"] not in CUSTOM_KINDS]) > 0
+
+
+def test_the_validator_catches_what_it_should() -> None:
+    """The check above would see a misspelt field and a wrong type."""
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "x"},
+        "spec": {
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {
+                "metadata": {"labels": {"a": "b"}},
+                "spec": {"containers": [{"name": "c", "image": "i", "securityContxt": {}}]},
+            },
+        },
+    }
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
+    deployment["spec"]["template"]["spec"]["containers"][0].pop("securityContxt")
+    deployment["spec"]["replicas"] = "one"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBERNETES_VERSIONS[0], strict=True)
