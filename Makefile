@@ -7,12 +7,13 @@ HELM_SDKPY_VERSION := 0.1.32
 
 .PHONY: venv bytecode lint typecheck test demo bench image image-test clean
 
-# Re-installs only when pyproject.toml changes; otherwise this is a no-op.
+# Re-installs only when pyproject.toml (or this file) changes; otherwise a no-op.
+# helm-sdkpy (real Helm, Helm's Go library, for the chart's tests) is not in pyproject:
+# it declares Python >= 3.12 but works on 3.11, which only pip's --ignore-requires-python
+# can say.
 $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
-	# Real Helm for the chart's tests (Helm's Go library). Not in pyproject: it declares
-	# Python >= 3.12 but works on 3.11, and only pip's --ignore-requires-python says so.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --ignore-requires-python \
 		helm-sdkpy==$(HELM_SDKPY_VERSION)
 	@touch $(STAMP)

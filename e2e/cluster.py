@@ -26,9 +26,9 @@ def missing_tools() -> str | None:
     return None
 
 
-def run(*args: str, check: bool = True, timeout: float = 600, **kw: object) -> str:
+def run(*args: str, check: bool = True, timeout: float = 600, input: str | None = None) -> str:
     result = subprocess.run(
-        list(args), capture_output=True, text=True, timeout=timeout, check=False, **kw
+        list(args), capture_output=True, text=True, timeout=timeout, check=False, input=input
     )
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(args)} exited {result.returncode}:\n{result.stderr}")

@@ -3,8 +3,9 @@ where Docker or kind is missing; `e2e/run` runs it (it is not part of `make test
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,13 +26,17 @@ def kind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kind]:
     cluster.delete()
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    cluster = item.funcargs.get("kind") if hasattr(item, "funcargs") else None
-    if report.failed and isinstance(cluster, Kind):
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's report carries the cluster's state: objects, describes, logs."""
+    report = yield
+    funcargs: dict[str, Any] = getattr(item, "funcargs", {})
+    cluster = next((value for value in funcargs.values() if isinstance(value, Kind)), None)
+    if report.failed and cluster is not None:
         report.sections.append(("cluster", cluster.dump()))
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +44,7 @@ def installed(kind: Kind) -> Kind:
     """The chart installed with real Helm (helm-sdkpy, as the chart's tests use it)."""
     import asyncio
 
-    import helm_sdkpy
+    import helm_sdkpy  # type: ignore[import-untyped]
 
     config = helm_sdkpy.Configuration(namespace=NAMESPACE, kubeconfig=str(kind.kubeconfig))
     asyncio.run(

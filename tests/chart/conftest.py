@@ -3,26 +3,30 @@ installs into, and real Helm on it."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import kmock
 import pytest
 from kubernetes_asyncio import client
 
-from tests.chart.helm import NAMESPACE, Helm
+from tests.chart.helm import NAMESPACE, Helm, Rendered
 from tests.kube.connection import KubeConnection
 from tests.kube.emulator import ApiServerEmulator
 
 MONITORING_CRDS = Path(__file__).parent / "crds"
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[tuple[ApiServerEmulator, KubeConnection]]:
+@contextlib.asynccontextmanager
+async def emulated_cluster(
+    directory: Path,
+) -> AsyncIterator[tuple[ApiServerEmulator, KubeConnection]]:
     """An API server that serves prometheus-operator's kinds, with the release's
     namespace and two namespaces of agent sessions (``team-a``, ``team-b``)."""
     async with ApiServerEmulator(crds=[MONITORING_CRDS]) as server, kmock.Server(server):
-        connection = KubeConnection.to_emulator(str(server.url).rstrip("/"), tmp_path)
+        connection = KubeConnection.to_emulator(str(server.url).rstrip("/"), directory)
         async with connection.api() as api:
             core = client.CoreV1Api(api)
             for name in (NAMESPACE, "team-a", "team-b"):
@@ -31,6 +35,22 @@ async def cluster(tmp_path: Path) -> AsyncIterator[tuple[ApiServerEmulator, Kube
                 )
         yield server, connection
     assert server.internal_errors == []
+
+
+async def render(values: dict[str, Any], directory: Path) -> Rendered:
+    """One install on a cluster of its own, for tests that only read what Helm rendered."""
+    async with emulated_cluster(directory) as (_, connection):
+        helm = await Helm.start(connection.kubeconfig)
+        try:
+            return await helm.install(values)
+        finally:
+            await helm.close()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[tuple[ApiServerEmulator, KubeConnection]]:
+    async with emulated_cluster(tmp_path) as running:
+        yield running
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-import helm_sdkpy
+import helm_sdkpy  # type: ignore[import-untyped]
 
 
 async def handle(config: Any, request: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +43,7 @@ def main() -> None:
     kubeconfig, namespace = sys.argv[1], sys.argv[2]
     config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=kubeconfig)
     for line in sys.stdin:
+        answer: dict[str, Any]
         try:
             result = asyncio.run(handle(config, json.loads(line)))
             # What the tests read: the chart itself (its files, base64) would be most of it.

@@ -69,8 +69,8 @@ def scrape(
         scraped = exposition(metrics) if value == 1 else {}
         for key in scraped:
             points.setdefault(key, ["_"] * minute)
-        for key, series in points.items():
-            series.append(repr(scraped[key]) if key in scraped else "_")
+        for key, values in points.items():
+            values.append(repr(scraped[key]) if key in scraped else "_")
     job_labels = ",".join(f'{key}="{value}"' for key, value in sorted(scrape_labels.items()))
 
     def labelled(key: str) -> str:

@@ -3,6 +3,7 @@ the operator's real metrics would have shown Prometheus minute by minute."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
@@ -14,7 +15,8 @@ import pytest
 import yaml
 
 from shadowpod.kube.metrics import OperatorMetrics
-from tests.chart.helm import NAMESPACE, RELEASE, Helm
+from tests.chart.conftest import render
+from tests.chart.helm import NAMESPACE, RELEASE
 from tests.chart.series import Step, metric_names, scrape
 
 PROMTOOL = shutil.which("promtool")
@@ -40,14 +42,19 @@ ALERTS = [
 RUNBOOK = "https://github.com/shadowpod/shadowpod/blob/main/docs/runbooks.md"
 
 
+@pytest.fixture(scope="module")
+def rendered_rules(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The PrometheusRule's spec as Helm renders it (one install for the module)."""
+    values = {"metrics": {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}}
+    rendered = asyncio.run(render(values, tmp_path_factory.mktemp("cluster")))
+    spec: dict[str, Any] = rendered.one("PrometheusRule", f"{RELEASE}-shadowpod")["spec"]
+    return spec
+
+
 @pytest.fixture
-async def rules(helm: Helm, tmp_path: Path) -> Path:
-    rendered = await helm.install(
-        {"metrics": {"prometheusRule": {"enabled": True}, "serviceMonitor": {"enabled": True}}}
-    )
-    spec = rendered.one("PrometheusRule", f"{RELEASE}-shadowpod")["spec"]
+def rules(rendered_rules: dict[str, Any], tmp_path: Path) -> Path:
     path = tmp_path / "rules.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path.write_text(yaml.safe_dump(rendered_rules))
     return path
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
 from tests.chart.helm import Helm
@@ -59,7 +59,7 @@ async def test_every_rendered_object_is_valid_kubernetes(
 
 def test_the_validator_catches_what_it_should() -> None:
     """The check above would see a misspelt field and a wrong type."""
-    deployment = {
+    deployment: dict[str, Any] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {"name": "x"},

@@ -203,7 +203,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     async def _serve_server_version(self, request: kmock.Request) -> kmock.Payload:
         # kmock says 1.26; what is emulated here (CEL rules with fieldPath, policy/v1) is
         # newer, and Helm checks a chart's kubeVersion against this.
-        major, minor, patch = self.kubernetes_version.split(".")
+        major, minor, _patch = self.kubernetes_version.split(".")
         return {
             "major": major,
             "minor": minor,
