@@ -3,7 +3,9 @@ installs into, and real Helm on it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import copy
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,41 @@ async def render(values: dict[str, Any], directory: Path) -> Rendered:
             return await helm.install(values)
         finally:
             await helm.close()
+
+
+# Every optional switch on.
+EVERYTHING_ON: dict[str, Any] = {
+    "metrics": {
+        "serviceMonitor": {"enabled": True},
+        "prometheusRule": {"enabled": True},
+        "dashboard": {"enabled": True},
+    },
+    "networkPolicy": {"enabled": True, "agentNamespaces": ["team-a", "team-b"]},
+    "podDisruptionBudget": {"enabled": True},
+    "operator": {"criu": True},
+}
+
+
+@pytest.fixture(scope="session")
+def _defaults(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    return asyncio.run(render({}, tmp_path_factory.mktemp("defaults")))
+
+
+@pytest.fixture(scope="session")
+def _everything_on(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    return asyncio.run(render(EVERYTHING_ON, tmp_path_factory.mktemp("everything-on")))
+
+
+@pytest.fixture
+def defaults(_defaults: Rendered) -> Rendered:
+    """The chart installed with its default values (rendered once; each test a copy)."""
+    return copy.deepcopy(_defaults)
+
+
+@pytest.fixture
+def everything_on(_everything_on: Rendered) -> Rendered:
+    """The chart installed with every switch on (rendered once; each test a copy)."""
+    return copy.deepcopy(_everything_on)
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ HELM_MISSING = (
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "shadowpod"
 RELEASE = "sp"
+LINT_INFO = 1  # Helm's support.InfoSev
 NAMESPACE = "shadowpod"
 
 
@@ -136,6 +137,16 @@ class Helm:
                 action="upgrade", release=release, chart=str(chart), values=values or {}
             )
         )
+
+    async def lint(self, chart: Path = CHART) -> list[dict[str, Any]]:
+        """`helm lint`'s messages above INFO (Severity 2 warning, 3 error), as
+        (severity, path, error) dicts."""
+        result = await self._call(action="lint", release="", chart=str(chart))
+        return [
+            {"severity": m["Severity"], "path": m["Path"], "error": m["Err"]}
+            for m in result.get("Messages") or []
+            if m["Severity"] > LINT_INFO
+        ]
 
     async def uninstall(self, release: str = RELEASE) -> None:
         await self._call(action="uninstall", release=release)

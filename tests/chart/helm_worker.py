@@ -9,6 +9,7 @@ this worker with it set. It also keeps a Go runtime out of pytest's process.
 
     python -m tests.chart.helm_worker KUBECONFIG NAMESPACE
     {"action": "install", "release": "sp", "chart": "charts/shadowpod", "values": {}}
+    {"action": "lint", "release": "", "chart": "charts/shadowpod"}
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ async def handle(config: Any, request: dict[str, Any]) -> dict[str, Any]:
             release, request["chart"], values=request["values"], wait=False, timeout=30
         )
         return result
+    if action == "lint":
+        result = await helm_sdkpy.Lint(config).run(request["chart"])
+        return result
     if action == "uninstall":
         result = await helm_sdkpy.Uninstall(config).run(release, wait=False, timeout=30)
         return result
@@ -45,9 +49,12 @@ def main() -> None:
     for line in sys.stdin:
         answer: dict[str, Any]
         try:
-            result = asyncio.run(handle(config, json.loads(line)))
-            # What the tests read: the chart itself (its files, base64) would be most of it.
-            answer = {"result": {key: result.get(key) for key in ("info", "manifest", "hooks")}}
+            request = json.loads(line)
+            result = asyncio.run(handle(config, request))
+            if request["action"] != "lint":
+                # What the tests read: the chart itself (its files, base64) would be most.
+                result = {key: result.get(key) for key in ("info", "manifest", "hooks")}
+            answer = {"result": result}
         except helm_sdkpy.HelmError as exc:
             answer = {"error": str(exc), "type": type(exc).__name__}
         sys.stdout.write(json.dumps(answer) + "\n")

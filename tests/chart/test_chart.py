@@ -4,6 +4,8 @@ the journal backends, RBAC scopes, and values Helm must refuse with a message.""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,17 +15,6 @@ from tests.chart.helm import CHART, NAMESPACE, RELEASE, Helm, HelmFailed, Render
 OPERATOR = f"{RELEASE}-shadowpod-operator"
 GATEWAY = f"{RELEASE}-shadowpod-gateway"
 GATEWAY_URL = f"http://{GATEWAY}.{NAMESPACE}.svc:8800"
-
-EVERYTHING_ON: dict[str, Any] = {
-    "metrics": {
-        "serviceMonitor": {"enabled": True},
-        "prometheusRule": {"enabled": True},
-        "dashboard": {"enabled": True},
-    },
-    "networkPolicy": {"enabled": True, "agentNamespaces": ["team-a", "team-b"]},
-    "podDisruptionBudget": {"enabled": True},
-    "operator": {"criu": True},
-}
 
 
 def env(container: dict[str, Any]) -> dict[str, Any]:
@@ -39,10 +30,10 @@ def grants(rules: list[dict[str, Any]], resource: str) -> set[str]:
     return {verb for rule in rules if resource in rule["resources"] for verb in rule["verbs"]}
 
 
-async def test_defaults_install_the_operator_gateway_and_crds_and_nothing_optional(
-    helm: Helm,
+def test_defaults_install_the_operator_gateway_and_crds_and_nothing_optional(
+    defaults: Rendered,
 ) -> None:
-    rendered = await helm.install()
+    rendered = defaults
     assert rendered.kinds() == sorted(
         ["ServiceAccount"] * 2
         + ["Secret", "PersistentVolumeClaim"]
@@ -57,8 +48,10 @@ async def test_defaults_install_the_operator_gateway_and_crds_and_nothing_option
     assert rendered.all("ConfigMap") == []
 
 
-async def test_the_operator_runs_alone_standalone_with_kopfs_liveness_probe(helm: Helm) -> None:
-    rendered = await helm.install()
+def test_the_operator_runs_alone_standalone_with_kopfs_liveness_probe(
+    defaults: Rendered,
+) -> None:
+    rendered = defaults
     deployment = rendered.one("Deployment", OPERATOR)
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
@@ -114,8 +107,8 @@ async def test_operator_flags_follow_values(helm: Helm) -> None:
     assert rendered.names().count(f"Service/{OPERATOR}-metrics") == 0
 
 
-async def test_sqlite_gateway_is_one_replica_on_a_kept_claim(helm: Helm) -> None:
-    rendered = await helm.install()
+def test_sqlite_gateway_is_one_replica_on_a_kept_claim(defaults: Rendered) -> None:
+    rendered = defaults
     deployment = rendered.one("Deployment", GATEWAY)
     assert deployment["spec"]["replicas"] == 1
     assert deployment["spec"]["strategy"] == {"type": "Recreate"}
@@ -162,8 +155,8 @@ async def test_postgresql_gateway_scales_and_reads_the_dsn_from_a_secret(helm: H
     assert "replicas share the PostgreSQL journal" in rendered.notes
 
 
-async def test_every_pod_and_container_is_locked_down(helm: Helm) -> None:
-    rendered = await helm.install(EVERYTHING_ON)
+def test_every_pod_and_container_is_locked_down(everything_on: Rendered) -> None:
+    rendered = everything_on
     specs = list(rendered.pod_specs())
     assert len(specs) == 2
     for spec in specs:
@@ -183,8 +176,8 @@ async def test_every_pod_and_container_is_locked_down(helm: Helm) -> None:
             assert container["resources"]["limits"]["memory"]
 
 
-async def test_everything_on_adds_monitoring_policies_and_budget(helm: Helm) -> None:
-    rendered = await helm.install(EVERYTHING_ON)
+def test_everything_on_adds_monitoring_policies_and_budget(everything_on: Rendered) -> None:
+    rendered = everything_on
     monitors = {obj["metadata"]["name"]: obj for obj in rendered.all("ServiceMonitor")}
     assert set(monitors) == {f"{RELEASE}-shadowpod-operator", f"{RELEASE}-shadowpod-gateway"}
     operator_endpoint = monitors[f"{RELEASE}-shadowpod-operator"]["spec"]["endpoints"][0]
@@ -295,8 +288,8 @@ async def test_network_policies_let_agents_reach_only_the_gateway(helm: Helm) ->
     }
 
 
-async def test_rbac_cluster_wide_by_default_without_node_proxy(helm: Helm) -> None:
-    rendered = await helm.install()
+def test_rbac_cluster_wide_by_default_without_node_proxy(defaults: Rendered) -> None:
+    rendered = defaults
     cluster = rules_of(rendered, "ClusterRole", f"{OPERATOR}-cluster")
     sessions = rules_of(rendered, "ClusterRole", f"{OPERATOR}-sessions")
     assert grants(cluster, "nodes") == {"get", "list", "watch"}
@@ -400,3 +393,14 @@ async def test_notes_say_what_to_do_next(helm: Helm) -> None:
     assert "in one of team-a" in rendered.notes
     assert f"port-forward svc/{GATEWAY} 8800" in rendered.notes
     assert "docs/runbooks.md" in rendered.notes
+
+
+async def test_helm_lint_finds_nothing_to_warn_about(helm: Helm, tmp_path: Path) -> None:
+    assert await helm.lint() == []
+    # The same lint sees a broken template.
+    broken = tmp_path / "shadowpod"
+    shutil.copytree(CHART, broken)
+    (broken / "templates" / "pdb.yaml").write_text("{{ if }}\n")
+    messages = await helm.lint(broken)
+    assert [message["path"] for message in messages] == ["templates/"]
+    assert messages[0]["severity"] == 3  # an error

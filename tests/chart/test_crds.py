@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from kubernetes_asyncio import client
 
-from tests.chart.helm import CHART, REPO, Helm
+from tests.chart.helm import CHART, REPO, Helm, Rendered
 from tests.kube.connection import KubeConnection
 from tests.kube.emulator import ApiServerEmulator
 
@@ -43,8 +43,8 @@ def test_the_charts_crds_are_the_repositorys() -> None:
     )
 
 
-async def test_rendered_crds_are_the_repositorys_labelled_and_kept(helm: Helm) -> None:
-    rendered = await helm.install()
+def test_rendered_crds_are_the_repositorys_labelled_and_kept(defaults: Rendered) -> None:
+    rendered = defaults
     crds = {obj["metadata"]["name"]: obj for obj in rendered.all("CustomResourceDefinition")}
     expected = repository_crds()
     assert set(crds) == set(expected) == NAMES

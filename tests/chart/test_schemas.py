@@ -4,13 +4,14 @@ strict: an unknown or misspelt field fails as `kubectl apply --validate=strict` 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
-from tests.chart.helm import Helm
-from tests.chart.test_chart import EVERYTHING_ON
+from tests.chart.conftest import render
+from tests.chart.helm import Rendered
 
 # The oldest Kubernetes the chart supports (Chart.yaml's kubeVersion) and a current one.
 KUBERNETES_VERSIONS = ("1.28.0", "1.33.0")
@@ -18,30 +19,33 @@ KUBERNETES_VERSIONS = ("1.28.0", "1.33.0")
 # by the tests that read them (test_chart, and promtool in test_alerts).
 CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
-VALUE_SETS: dict[str, dict[str, Any]] = {
-    "defaults": {},
-    "everything-on": EVERYTHING_ON,
-    "postgresql-namespaced": {
-        "gateway": {
-            "replicas": 2,
-            "journal": {"backend": "postgresql", "postgresql": {"existingSecret": "pg"}},
-            "clientTokens": {"existingSecret": "clients"},
-        },
-        "operator": {"watchNamespaces": ["team-a"], "metricsPort": 0},
-        "networkPolicy": {
-            "enabled": True,
-            "gatewayFrom": [{"namespaceSelector": {"matchLabels": {"clients": "yes"}}}],
-        },
-        "crds": {"enabled": False},
+POSTGRESQL_NAMESPACED: dict[str, Any] = {
+    "gateway": {
+        "replicas": 2,
+        "journal": {"backend": "postgresql", "postgresql": {"existingSecret": "pg"}},
+        "clientTokens": {"existingSecret": "clients"},
     },
+    "operator": {"watchNamespaces": ["team-a"], "metricsPort": 0},
+    "networkPolicy": {
+        "enabled": True,
+        "gatewayFrom": [{"namespaceSelector": {"matchLabels": {"clients": "yes"}}}],
+    },
+    "crds": {"enabled": False},
 }
 
 
-@pytest.mark.parametrize("values", VALUE_SETS.values(), ids=VALUE_SETS.keys())
-async def test_every_rendered_object_is_valid_kubernetes(
-    helm: Helm, values: dict[str, Any]
-) -> None:
-    rendered = await helm.install(values)
+@pytest.fixture(scope="module")
+def postgresql_namespaced(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    return asyncio.run(render(POSTGRESQL_NAMESPACED, tmp_path_factory.mktemp("pg")))
+
+
+@pytest.fixture(params=["defaults", "everything_on", "postgresql_namespaced"])
+def rendered(request: pytest.FixtureRequest) -> Rendered:
+    shared: Rendered = request.getfixturevalue(request.param)
+    return shared
+
+
+def test_every_rendered_object_is_valid_kubernetes(rendered: Rendered) -> None:
     problems = []
     checked = 0
     for obj in rendered.objects:
