@@ -389,8 +389,12 @@ async def test_bad_values_fail_the_install_with_a_message(
 async def test_notes_say_what_to_do_next(helm: Helm) -> None:
     rendered = await helm.install({"operator": {"watchNamespaces": ["team-a"]}})
     assert f"rollout status deploy/{OPERATOR} deploy/{GATEWAY}" in rendered.notes
-    assert "kind: AgentSession" in rendered.notes
     assert "in one of team-a" in rendered.notes
+    # The command it gives applies a valid AgentSession in a watched namespace.
+    command = rendered.notes[rendered.notes.index("echo '") : rendered.notes.index("-f -")]
+    document = json.loads(command[len("echo '") : command.index("' ")])
+    assert AgentSession.model_validate(document).spec.image == "shadowpod-refagent:v1"
+    assert "kubectl apply -n team-a" in command
     assert f"port-forward svc/{GATEWAY} 8800" in rendered.notes
     assert "docs/runbooks.md" in rendered.notes
 
