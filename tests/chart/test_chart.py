@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from shadowpod.kube import names
+from shadowpod.kube.models.v1alpha1 import AgentSession
 from tests.chart.helm import CHART, NAMESPACE, RELEASE, Helm, HelmFailed, Rendered
 
 OPERATOR = f"{RELEASE}-shadowpod-operator"
@@ -280,8 +282,6 @@ async def test_network_policies_let_agents_reach_only_the_gateway(helm: Helm) ->
     assert {port["port"] for port in to_dns["ports"]} == {53}
     assert agents["ingress"][0]["from"][0]["podSelector"] == {"matchLabels": operator_pod}
     # The labels the policies select agents by are the ones the operator gives them.
-    from shadowpod.kube import names
-
     assert agent_pod == {
         names.NAME_LABEL: names.AGENT_APP,
         names.MANAGED_BY_LABEL: names.MANAGED_BY,
