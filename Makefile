@@ -28,8 +28,8 @@ bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q operator/shadowpod examples >/dev/null
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests examples
-	$(BIN)/ruff format --check operator tests examples
+	$(BIN)/ruff check operator tests examples e2e
+	$(BIN)/ruff format --check operator tests examples e2e
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
