@@ -111,6 +111,24 @@ async def test_a_target_that_cannot_read_the_source_state_rolls_back_with_its_re
     assert (world.session.ownership.epoch, world.session.ownership.owner) == (1, SOURCE)
 
 
+async def test_a_shadow_that_says_it_cannot_read_the_state_rolls_back_as_incompatible(
+    world: World,
+) -> None:
+    """A runtime that cannot tell an image's schemas before running it (pods) learns
+    them from the shadow itself: it exits saying SchemaTooNew."""
+
+    def cannot_read(instance: FakeInstance) -> None:
+        instance.alive, instance.mode = False, "failed"
+        instance.error = "exited with code 1: SchemaTooNew: session state has schema v2"
+
+    world.runtime.behaviour[TARGET] = cannot_read
+    record = await world.engine().run(world.record())
+    assert (record.phase, record.reason) == (Phase.ROLLED_BACK, "IncompatibleStateSchema")
+    assert record.failed_phase is Phase.RESTORING
+    assert "SchemaTooNew" in (record.error or "")
+    assert world.runtime.alive() == {SOURCE}
+
+
 async def test_credentials_the_target_would_not_have_roll_back_before_anything_starts(
     world: World,
 ) -> None:

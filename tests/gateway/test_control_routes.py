@@ -6,6 +6,7 @@ import aiohttp
 
 from shadowpod.api.models import CreateSession, CredentialSpec, ScheduleSpec
 from shadowpod.client.gateway import GatewayClient
+from shadowpod.sessions.tokens import new_token, token_hash
 from tests.gateway.conftest import CONTROL, Reply, Session, call
 
 
@@ -25,6 +26,42 @@ async def test_creating_a_session_is_201_and_returns_its_agent_token_once(
     journal = await call(http, "GET", f"{url}/v1/sessions/s-1/journal", token=token)
     assert journal.status == 200
     assert journal.json == {"entries": [], "head": 0}
+
+
+async def test_a_session_created_with_the_callers_token_hash_opens_with_that_token(
+    http: aiohttp.ClientSession, url: str
+) -> None:
+    """The operator keeps the token in a Secret before the session exists: a crash
+    between the two leaves nothing it cannot finish."""
+    token = new_token()
+    created = await call(
+        http,
+        "POST",
+        f"{url}/v1/sessions",
+        token=CONTROL,
+        json={"session": "s-1", "agent_token_sha256": token_hash(token)},
+    )
+    assert created.status == 201
+    assert created.json == {"session": "s-1"}  # no token of the gateway's own
+    opened = await call(http, "GET", f"{url}/v1/sessions/s-1/journal", token=token)
+    other = await call(http, "GET", f"{url}/v1/sessions/s-1/journal", token=new_token())
+    assert (opened.status, other.status) == (200, 401)
+
+
+async def test_a_token_hash_that_is_not_sha256_hex_is_refused(
+    http: aiohttp.ClientSession, url: str
+) -> None:
+    refused = await call(
+        http,
+        "POST",
+        f"{url}/v1/sessions",
+        token=CONTROL,
+        json={"session": "s-1", "agent_token_sha256": "not-a-hash"},
+    )
+    assert refused.status == 400
+    assert "agent_token_sha256" in refused.text
+    listed = await call(http, "GET", f"{url}/v1/sessions", token=CONTROL)
+    assert listed.json == []
 
 
 async def test_creating_a_session_twice_is_409_session_exists(

@@ -82,11 +82,21 @@ async def widgets(api: client.ApiClient, namespace: str) -> Widgets:
 
 
 def local_images() -> ImageMap:
-    """The reference agents (``refagent:v1`` …) and ``python:local``, this interpreter."""
+    """The reference agents (``refagent:v1`` …), ``python:local`` (this interpreter) and
+    ``sleeper:local`` (a process that does nothing for an hour)."""
     images = dict(reference_images().images)
-    images["python:local"] = ImageMap.from_data(
-        {"images": {"python:local": {"command": [sys.executable]}}}
-    ).images["python:local"]
+    extra = ImageMap.from_data(
+        {
+            "images": {
+                "python:local": {"command": [sys.executable]},
+                # Never ready, never done: a shadow that keeps a migration waiting.
+                "sleeper:local": {
+                    "command": [sys.executable, "-c", "import time; time.sleep(3600)"]
+                },
+            }
+        }
+    )
+    images.update(extra.images)
     return ImageMap(images=images)
 
 

@@ -179,11 +179,22 @@ class CreateSession(_Body):
     schedules: list[ScheduleSpec] = Field(
         default_factory=list, max_length=MAX_SCHEDULES_PER_SESSION
     )
+    agent_token_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="The SHA-256 (hex) of an agent token the caller made and keeps (the"
+        " operator writes it to a Secret first, so a crash between the two loses nothing);"
+        " unset: the gateway makes the token and returns it once.",
+    )
 
 
 class SessionCreated(_Body):
     session: str
-    agent_token: str = Field(description="Shown once; the owner and shadows present it.")
+    agent_token: str | None = Field(
+        default=None,
+        description="Shown once; the owner and shadows present it. Unset when the caller"
+        " gave agent_token_sha256: it holds the token already.",
+    )
 
 
 class SessionSummary(_Body):

@@ -9,6 +9,8 @@ from shadowpod.cli.bench import bench
 from shadowpod.cli.crds import crds
 from shadowpod.cli.demo import demo
 from shadowpod.cli.gateway import gateway
+from shadowpod.cli.kubectl import kubectl
+from shadowpod.cli.operator import operator
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,6 +23,8 @@ cli.add_command(bench)
 cli.add_command(gateway)
 cli.add_command(demo)
 cli.add_command(crds)
+cli.add_command(operator)
+cli.add_command(kubectl)
 
 
 def main() -> None:

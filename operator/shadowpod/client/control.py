@@ -31,7 +31,7 @@ class GatewayControl:
     def __init__(self, client: GatewayClient) -> None:
         self.client = client
 
-    async def _retry(self, call: Callable[[], Awaitable[T]]) -> T:
+    async def retry(self, call: Callable[[], Awaitable[T]]) -> T:
         """``call``, asked again while the gateway is away (for ~10 s); then
         ``GatewayUnavailable``, which the engine retries up to its phase timeout."""
         delays = iter(RETRIES)
@@ -50,16 +50,16 @@ class GatewayControl:
             await asyncio.sleep(delay)
 
     async def head(self, session: str) -> int:
-        return (await self._retry(lambda: self.client.status(session))).head
+        return (await self.retry(lambda: self.client.status(session))).head
 
     async def ownership(self, session: str) -> Ownership:
-        return await self._retry(lambda: self.client.ownership(session))
+        return await self.retry(lambda: self.client.ownership(session))
 
     async def request_snapshot(self, session: str) -> int:
-        return await self._retry(lambda: self.client.request_snapshot(session))
+        return await self.retry(lambda: self.client.request_snapshot(session))
 
     async def latest_snapshot(self, session: str) -> int | None:
-        infos = await self._retry(lambda: self.client.snapshots(session))
+        infos = await self.retry(lambda: self.client.snapshots(session))
         return infos[-1].watermark if infos else None
 
     async def fence(
@@ -84,14 +84,14 @@ class GatewayControl:
         )
 
     async def unfence(self, session: str, *, expect_epoch: int) -> None:
-        await self._retry(lambda: self.client.unfence(session, expect_epoch=expect_epoch))
+        await self.retry(lambda: self.client.unfence(session, expect_epoch=expect_epoch))
 
     async def set_owner(
         self, session: str, *, expect_epoch: int, epoch: int, owner: str
     ) -> Ownership:
         change = OwnershipChange(expect_epoch=expect_epoch, epoch=epoch, owner=owner)
-        return await self._retry(lambda: self.client.set_ownership(session, change))
+        return await self.retry(lambda: self.client.set_ownership(session, change))
 
     async def fence_pause(self, session: str) -> FencePause:
-        status = await self._retry(lambda: self.client.status(session))
+        status = await self.retry(lambda: self.client.status(session))
         return FencePause(ms=status.last_fence_pause_ms, pending=status.fence_pause_pending)

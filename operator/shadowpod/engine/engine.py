@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Final, TypeVar
 
-from shadowpod.domain.errors import ShadowpodError
+from shadowpod.domain.errors import SchemaTooNew, ShadowpodError
 from shadowpod.engine.fence_checks import bumped_to_target, fence_found, lift_stale_fence
 from shadowpod.engine.ports import (
     FenceOutcomeUnknown,
@@ -233,10 +233,15 @@ class MigrationEngine:
     async def _alive(self, name: str, role: str) -> InstanceStatus:
         status = await self.runtime.status(name)
         detail = f": {status.error}" if status.error else ""
-        if not status.alive:
-            raise InstanceFailed(f"the {role} instance {name!r} is not running{detail}")
-        if status.mode == "failed":
-            raise InstanceFailed(f"the {role} instance {name!r} failed{detail}")
+        if not status.alive or status.mode == "failed":
+            how = "is not running" if not status.alive else "failed"
+            message = f"the {role} instance {name!r} {how}{detail}"
+            # The instance itself said it cannot read the state it was given: where a
+            # runtime cannot tell an image's schemas before running it (pods), this is
+            # how preflight's check is made.
+            if status.error is not None and SchemaTooNew.reason in status.error:
+                raise IncompatibleStateSchema(message)
+            raise InstanceFailed(message)
         return status
 
     # --- shared phases ----------------------------------------------------------------

@@ -94,6 +94,8 @@ class LocalDeployment:
             ),
             owner=instance,
         )
+        if created.agent_token is None:  # only a caller that sent a token hash gets none
+            raise RuntimeError("the gateway returned no agent token for a session it made")
         self.runtime.register_session(session, created.agent_token)
         await self.runtime.start(
             InstanceSpec(

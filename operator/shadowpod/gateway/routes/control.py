@@ -39,10 +39,12 @@ async def create_session(request: web.Request) -> web.Response:
     body = await read_body(request, CreateSession)
     if AGENT_TOKEN_META in body.meta:
         raise ApiError(400, "InvalidRequest", f"meta key {AGENT_TOKEN_META!r} is reserved")
-    token = new_token()
-    await gw.store.create_session(
-        body.session, meta={**body.meta, AGENT_TOKEN_META: token_hash(token)}
-    )
+    token: str | None = None
+    digest = body.agent_token_sha256
+    if digest is None:
+        token = new_token()
+        digest = token_hash(token)
+    await gw.store.create_session(body.session, meta={**body.meta, AGENT_TOKEN_META: digest})
     entries = [
         NewEntry.of(
             CredentialPayload(name=c.name, secret_ref=c.secret_ref), id=f"credential:{c.name}"
@@ -63,7 +65,8 @@ async def create_session(request: web.Request) -> web.Response:
         gw.metrics.appends.labels(source="control").inc(len(entries))
     if body.schedules:
         gw.firer.touch(body.session)
-    return json_response(SessionCreated(session=body.session, agent_token=token), status=201)
+    created = SessionCreated(session=body.session, agent_token=token)
+    return json_response(created.model_dump(mode="json", exclude_none=True), status=201)
 
 
 @routes.get("/v1/sessions", name="list_sessions")

@@ -1,0 +1,221 @@
+"""``kubectl shadowpod`` (installed as ``kubectl-shadowpod``; also ``shadowpod kubectl``):
+status, migrate (``--wait`` shows the phases as they pass), cancel, history, logs.
+
+Exit codes: 0 done (a waited migration succeeded), 1 a waited migration did not
+succeed, 2 bad usage or something not found, 3 the API server could not be reached.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from shadowpod.cli.errors import fail
+from shadowpod.domain.errors import ShadowpodError
+from shadowpod.engine.record import Phase
+
+T = TypeVar("T")
+NOT_FOUND = 2
+UNREACHABLE = 3
+NOT_SUCCEEDED = 1
+# The phases of a live migration, in order, for the progress bar.
+PROGRESS = [
+    "Pending",
+    "Preflight",
+    "Snapshotting",
+    "Restoring",
+    "CatchingUp",
+    "Fencing",
+    "Committed",
+    "Draining",
+    "Succeeded",
+]
+
+
+def _run(target: Any, work: Callable[[Any, str], Awaitable[T]]) -> T:
+    from shadowpod.kube import plugin
+
+    async def main() -> T:
+        async with plugin.connect(target) as (api, namespace):
+            return await work(api, namespace)
+
+    try:
+        return asyncio.run(main())
+    except LookupError as exc:
+        fail(str(exc), NOT_FOUND)
+    except ShadowpodError as exc:
+        fail(f"the API server refused or did not answer: {exc}", UNREACHABLE)
+    except OSError as exc:
+        fail(f"cannot reach the API server: {exc}", UNREACHABLE)
+
+
+@click.group("kubectl", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-n", "--namespace", default=None, help="Default: the kubeconfig context's.")
+@click.option("--kubeconfig", envvar="KUBECONFIG", default=None)
+@click.option("--context", default=None, help="The kubeconfig context to use.")
+@click.pass_context
+def kubectl(
+    ctx: click.Context, namespace: str | None, kubeconfig: str | None, context: str | None
+) -> None:
+    """Shadowpod's sessions and migrations on a cluster (a kubectl plugin)."""
+    from shadowpod.kube.plugin import Target
+
+    ctx.obj = Target(kubeconfig=kubeconfig, context=context, namespace=namespace)
+
+
+@kubectl.command()
+@click.argument("session", required=False)
+@click.pass_obj
+def status(target: Any, session: str | None) -> None:
+    """Sessions: phase, image, epoch, owner, readiness, their migration."""
+    from shadowpod.kube import plugin
+
+    found = _run(target, lambda api, ns: plugin.sessions(api, ns, session))
+    if session is not None and not found:
+        fail(f"AgentSession {session!r} not found", NOT_FOUND)
+    table = Table("SESSION", "PHASE", "IMAGE", "EPOCH", "OWNER", "READY", "MIGRATION", "LAST")
+    for body in found:
+        st = body.get("status") or {}
+        ready = next((c["status"] for c in st.get("conditions", []) if c["type"] == "Ready"), "?")
+        last = st.get("lastMigration") or {}
+        table.add_row(
+            body["metadata"]["name"],
+            st.get("phase", "Pending"),
+            st.get("image") or body["spec"]["image"],
+            str(st.get("epoch", "")),
+            st.get("ownerPod") or "",
+            ready,
+            st.get("activeMigration") or "",
+            f"{last.get('name', '')} {last.get('result', '')}".strip(),
+        )
+    Console().print(table)
+
+
+@kubectl.command()
+@click.argument("session")
+@click.option("--image", default=None, help="Move to this image (default: the same image).")
+@click.option("--node", default=None, help="Move to this node (default: any other).")
+@click.option("--wait/--no-wait", default=False, help="Follow the phases until it ends.")
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(1))
+@click.pass_obj
+def migrate(
+    target: Any, session: str, image: str | None, node: str | None, wait: bool, timeout: float
+) -> None:
+    """Move SESSION live: to a new image, another node, or anywhere else."""
+    from shadowpod.kube import plugin
+
+    async def work(api: Any, ns: str) -> dict[str, Any] | None:
+        created = await plugin.migrate(api, ns, session, image=image, node=node)
+        name = created["metadata"]["name"]
+        click.echo(f"agentmigration/{name} created")
+        if not wait:
+            return None
+        return await _follow(api, ns, name, timeout)
+
+    finished = _run(target, work)
+    if finished is not None:
+        status_ = finished.get("status") or {}
+        if status_.get("result") != "Succeeded":
+            fail(
+                f"{status_.get('result', 'unfinished')}: {status_.get('message', '')}",
+                NOT_SUCCEEDED,
+            )
+        pause = status_.get("fencePauseMilliseconds")
+        click.echo(f"Succeeded; fence pause {pause if pause is not None else 'none'} ms")
+
+
+async def _follow(api: Any, namespace: str, name: str, timeout: float) -> dict[str, Any] | None:
+    from shadowpod.kube import plugin
+
+    deadline = time.monotonic() + timeout
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+    ) as progress:
+        bar = progress.add_task(name, total=len(PROGRESS) - 1)
+        while time.monotonic() < deadline:
+            body = await plugin.migration(api, namespace, name)
+            if body is None:
+                return None
+            phase = (body.get("status") or {}).get("phase", "Pending")
+            done = PROGRESS.index(phase) if phase in PROGRESS else progress.tasks[0].completed
+            progress.update(bar, completed=done, description=f"{name}: {phase}")
+            if (body.get("status") or {}).get("result"):
+                return body
+            await asyncio.sleep(0.5)
+    fail(f"agentmigration/{name} did not finish within {timeout:g} s", NOT_SUCCEEDED)
+    return None
+
+
+@kubectl.command()
+@click.argument("migration")
+@click.pass_obj
+def cancel(target: Any, migration: str) -> None:
+    """Cancel MIGRATION: it rolls back unless the new owner already took over."""
+    from shadowpod.kube import plugin
+
+    if not _run(target, lambda api, ns: plugin.cancel(api, ns, migration)):
+        fail(f"AgentMigration {migration!r} not found", NOT_FOUND)
+    click.echo(f"agentmigration/{migration} cancelled (it rolls back before it goes)")
+
+
+@kubectl.command()
+@click.argument("session")
+@click.pass_obj
+def history(target: Any, session: str) -> None:
+    """SESSION's migrations, oldest first."""
+    from shadowpod.kube import plugin
+
+    found = _run(target, lambda api, ns: plugin.history(api, ns, session))
+    table = Table("MIGRATION", "REASON", "TARGET", "PHASE", "RESULT", "DURATION", "FENCE PAUSE")
+    for body in found:
+        st = body.get("status") or {}
+        spec = body["spec"]
+        total = sum((p.get("durationMilliseconds") or 0) for p in st.get("phases", []))
+        pause = st.get("fencePauseMilliseconds")
+        table.add_row(
+            body["metadata"]["name"],
+            spec.get("reason", ""),
+            spec["target"].get("image") or spec["target"].get("nodeName", ""),
+            st.get("phase", Phase.PENDING.value),
+            st.get("result") or "",
+            f"{total / 1000:.2f} s" if st.get("phases") else "",
+            "" if pause is None else f"{pause} ms",
+        )
+    Console().print(table)
+
+
+@kubectl.command()
+@click.argument("session")
+@click.pass_obj
+def logs(target: Any, session: str) -> None:
+    """Where SESSION's logs are: the kubectl commands for each of its pods."""
+    from shadowpod.kube import plugin
+
+    found = _run(target, lambda api, ns: _pods_and_namespace(plugin, api, ns, session))
+    namespace, pods = found
+    if not pods:
+        fail(f"no pods of session {session!r} in namespace {namespace!r}", NOT_FOUND)
+    for pod in pods:
+        role = pod["metadata"]["labels"].get("shadowpod.dev/role", "?")
+        click.echo(f"# {role}: kubectl logs -n {namespace} {pod['metadata']['name']} -c agent")
+    click.echo("# the operator: kubectl logs -n shadowpod-system deploy/shadowpod-operator")
+
+
+async def _pods_and_namespace(
+    plugin: Any, api: Any, namespace: str, session: str
+) -> tuple[str, list[dict[str, Any]]]:
+    return namespace, await plugin.pods(api, namespace, session)
+
+
+def main() -> None:
+    kubectl()

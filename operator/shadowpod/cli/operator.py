@@ -1,0 +1,126 @@
+"""``shadowpod operator``: run the Kubernetes operator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from shadowpod import logs
+from shadowpod.cli.errors import fail
+
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+BAD_SETTINGS = 2
+
+
+@click.command("operator")
+@click.option(
+    "-n",
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="A namespace to serve (repeatable); see --all-namespaces.",
+)
+@click.option("--all-namespaces", is_flag=True, help="Serve every namespace.")
+@click.option(
+    "--standalone/--peering-enabled",
+    default=True,
+    show_default=True,
+    help="One replica, no peering (the default); or coordinate replicas through peering.",
+)
+@click.option("--peering", "peering", default=None, help="The peering object's name.")
+@click.option(
+    "--liveness", default=None, help="Serve Kopf's health probe, e.g. http://0.0.0.0:8080/healthz."
+)
+@click.option("--metrics-host", default="0.0.0.0", show_default=True)
+@click.option(
+    "--metrics-port",
+    default=9090,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Where /metrics is served; 0 serves none.",
+)
+@click.option(
+    "--gateway-url",
+    envvar="SHADOWPOD_GATEWAY_URL",
+    required=True,
+    help="The gateway's control API, as the operator reaches it.",
+)
+@click.option(
+    "--agent-gateway-url",
+    envvar="SHADOWPOD_AGENT_GATEWAY_URL",
+    default=None,
+    help="The gateway as agent pods reach it (its Service); defaults to --gateway-url.",
+)
+@click.option(
+    "--control-token-file",
+    envvar="SHADOWPOD_CONTROL_TOKEN_FILE",
+    required=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="File whose first line is the gateway's control token.",
+)
+@click.option(
+    "--kubeconfig", envvar="KUBECONFIG", default=None, help="Outside a cluster: its kubeconfig."
+)
+@click.option("--criu/--no-criu", default=False, show_default=True, help="Allow the CRIU path.")
+@click.option(
+    "--reconcile-interval", default=5.0, show_default=True, type=click.FloatRange(0.1, 3600)
+)
+@click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info")
+@click.option(
+    "--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True
+)
+def operator(
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    standalone: bool,
+    peering: str | None,
+    liveness: str | None,
+    metrics_host: str,
+    metrics_port: int,
+    gateway_url: str,
+    agent_gateway_url: str | None,
+    control_token_file: Path,
+    kubeconfig: str | None,
+    criu: bool,
+    reconcile_interval: float,
+    log_level: str,
+    log_format: str,
+) -> None:
+    """Reconcile AgentSessions and AgentMigrations: live migration on Kubernetes.
+
+    Exits 2 when a setting is wrong (one line on stderr says which).
+    """
+    from shadowpod.kube.config import OperatorConfig
+    from shadowpod.kube.run import run
+
+    logs.configure(log_level, log_format)
+    if all_namespaces == bool(namespaces):
+        fail(
+            "give -n/--namespace (repeatable) or --all-namespaces, not both nor neither",
+            BAD_SETTINGS,
+        )
+    lines = [line.strip() for line in control_token_file.read_text().splitlines() if line.strip()]
+    if not lines:
+        fail(
+            f"{control_token_file} holds no control token: put the gateway's token in it",
+            BAD_SETTINGS,
+        )
+    config = OperatorConfig(
+        gateway_url=gateway_url.rstrip("/"),
+        agent_gateway_url=(agent_gateway_url or gateway_url).rstrip("/"),
+        control_token=lines[0],
+        namespaces=namespaces,
+        kubeconfig=Path(kubeconfig) if kubeconfig else None,
+        reconcile_interval_s=reconcile_interval,
+        criu=criu,
+    )
+    run(
+        config,
+        clusterwide=all_namespaces,
+        standalone=standalone and peering is None,
+        peering=peering,
+        liveness=liveness,
+        metrics_host=metrics_host,
+        metrics_port=metrics_port,
+    )

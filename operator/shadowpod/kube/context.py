@@ -1,0 +1,98 @@
+"""What every reconcile shares: the API, the gateway, settings, metrics; and events.
+
+Events are posted straight to the API (not through Kopf's queue) so that the
+migration daemons can post them on the session as well as on the migration. They
+are best effort, as every controller's are: an event that cannot be posted is
+logged, never a reason for a reconcile to fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import aiohttp
+
+from shadowpod.client.control import GatewayControl
+from shadowpod.client.gateway import GatewayClient
+from shadowpod.domain.errors import ShadowpodError
+from shadowpod.kube.api import KubeApi, namespaced
+from shadowpod.kube.config import OperatorConfig
+from shadowpod.kube.metrics import OperatorMetrics
+
+logger = logging.getLogger("shadowpod.operator")
+
+EventType = Literal["Normal", "Warning"]
+COMPONENT = "shadowpod-operator"
+
+
+@dataclass
+class OperatorContext:
+    api: KubeApi
+    admin: GatewayClient
+    http: aiohttp.ClientSession
+    config: OperatorConfig
+    metrics: OperatorMetrics
+    # Sessions by phase, for the sessions gauge: (namespace, name) -> phase.
+    session_phases: dict[tuple[str, str], str] = field(default_factory=dict)
+    unready_owners: set[tuple[str, str]] = field(default_factory=set)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, key: str) -> asyncio.Lock:
+        """One holder at a time for ``key`` (a session, a migration) in this operator."""
+        return self._locks.setdefault(key, asyncio.Lock())
+
+    @property
+    def control(self) -> GatewayControl:
+        return GatewayControl(self.admin)
+
+    def count_session(self, key: tuple[str, str], phase: str | None, *, ready: bool) -> None:
+        if phase is None:
+            self.session_phases.pop(key, None)
+            self.unready_owners.discard(key)
+        else:
+            self.session_phases[key] = phase
+            (self.unready_owners.discard if ready else self.unready_owners.add)(key)
+        for known in ("Pending", "Running", "Migrating", "Paused", "Failed"):
+            count = sum(1 for p in self.session_phases.values() if p == known)
+            self.metrics.sessions.labels(phase=known).set(count)
+        self.metrics.sessions_without_owner.set(len(self.unready_owners))
+
+    async def event(
+        self, obj: Mapping[str, Any], kind: EventType, reason: str, message: str
+    ) -> None:
+        meta = obj["metadata"]
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
+                "namespace": meta["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": obj["apiVersion"],
+                "kind": obj["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "type": kind,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "eventTime": now,
+            "count": 1,
+        }
+        try:
+            await self.api.create(namespaced("events", meta["namespace"]), body)
+        except ShadowpodError as exc:
+            logger.warning("could not post event %s on %s: %s", reason, meta["name"], exc)

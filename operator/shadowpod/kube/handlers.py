@@ -1,0 +1,208 @@
+"""Every Kopf handler of the operator, and its settings: each a few lines, body →
+model → call → status (the reconciling is in ``sessions``, ``migrations``, ``cleanup``).
+
+- AgentSession: reconciled on create, on resume, on a spec change and every
+  ``reconcile_interval_s`` (level-triggered: an owner pod that died, a cordoned node,
+  a queued image change are found by the next pass); a finalizer cleans up.
+- AgentMigration: a daemon per unfinished migration runs the engine; deleting it
+  cancels it (Kopf stops the daemon, which rolls back before releasing).
+- Node: a cordon is seen at once, and the sessions on it are reconciled.
+
+Errors never crash-loop: a reconcile that fails sets ``Degraded`` with the reason,
+posts a Warning event, counts in ``shadowpod_reconcile_errors_total``, and is tried
+again on the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import AsyncExitStack
+from typing import Any, Final
+
+import aiohttp
+import kopf
+from kubernetes_asyncio import client
+from kubernetes_asyncio import config as kube_config
+
+from shadowpod.client.gateway import GatewayClient
+from shadowpod.domain.errors import ShadowpodError
+from shadowpod.kube import cleanup, migrations, names, sessions
+from shadowpod.kube.api import KubeApi
+from shadowpod.kube.config import OperatorConfig
+from shadowpod.kube.context import OperatorContext
+from shadowpod.kube.metrics import OperatorMetrics
+from shadowpod.kube.models.v1alpha1 import GROUP, VERSION
+
+logger = logging.getLogger("shadowpod.operator")
+
+SESSIONS: Final = (GROUP, VERSION, "agentsessions")
+MIGRATIONS: Final = (GROUP, VERSION, "agentmigrations")
+# A stopped daemon lets go at once (the record is saved before every step); this is
+# only how long Kopf waits before it cancels one that did not.
+CANCELLATION_BACKOFF_S: Final = 10.0
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """The operator's Kopf settings: its own finalizer and annotation prefixes, explicit
+    watch timeouts (a silent watch is restarted, never trusted forever)."""
+    settings.persistence.finalizer = names.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=names.PREFIX, key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = 60
+    settings.watching.client_timeout = 70
+    settings.watching.connect_timeout = 5
+    settings.networking.request_timeout = 30
+    settings.posting.level = logging.WARNING
+
+
+async def api_client(kubeconfig: str | None) -> client.ApiClient:
+    configuration = client.Configuration()
+    if kubeconfig is not None:
+        await kube_config.load_kube_config(
+            config_file=kubeconfig, client_configuration=configuration, persist_config=False
+        )
+    else:
+        try:
+            kube_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration
+            )
+        except kube_config.ConfigException:
+            await kube_config.load_kube_config(
+                client_configuration=configuration, persist_config=False
+            )
+    return client.ApiClient(configuration)
+
+
+def registry(
+    config: OperatorConfig, metrics: OperatorMetrics | None = None
+) -> kopf.OperatorRegistry:
+    """The operator's handlers, in a registry of their own (tests run several)."""
+    reg = kopf.OperatorRegistry()
+    metrics = metrics or OperatorMetrics()
+    holder: dict[str, OperatorContext] = {}
+    stack = AsyncExitStack()
+
+    def ctx() -> OperatorContext:
+        return holder["ctx"]
+
+    def lock(namespace: str, name: str) -> asyncio.Lock:
+        return ctx().lock(f"session/{namespace}/{name}")
+
+    @kopf.on.startup(registry=reg)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings)
+        kubeconfig = None if config.kubeconfig is None else str(config.kubeconfig)
+        api = await stack.enter_async_context(await api_client(kubeconfig))
+        http = await stack.enter_async_context(aiohttp.ClientSession())
+        admin = await stack.enter_async_context(
+            GatewayClient(config.gateway_url, config.control_token)
+        )
+        holder["ctx"] = OperatorContext(KubeApi(api), admin, http, config, metrics)
+
+    @kopf.on.cleanup(registry=reg)
+    async def shutdown(**_: Any) -> None:
+        await stack.aclose()
+
+    async def reconcile_session(body: kopf.Body, patch: kopf.Patch) -> None:
+        raw: dict[str, Any] = dict(body)
+        meta = raw["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if meta.get("deletionTimestamp"):
+            return
+        async with lock(*key):
+            try:
+                seen = await sessions.reconcile(ctx(), raw)
+            except ShadowpodError as exc:
+                await _failed(ctx(), raw, "AgentSession", exc, patch)
+                return
+            patch.status.update(sessions.status_patch(raw, seen))
+            ctx().count_session(key, seen.phase, ready=seen.ready)
+
+    @kopf.on.resume(*SESSIONS, registry=reg)
+    @kopf.on.create(*SESSIONS, registry=reg)
+    @kopf.on.update(*SESSIONS, field="spec", registry=reg)
+    async def session_changed(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        await reconcile_session(body, patch)
+
+    @kopf.timer(*SESSIONS, interval=config.reconcile_interval_s, registry=reg)
+    async def session_timer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        await reconcile_session(body, patch)
+
+    @kopf.on.delete(*SESSIONS, registry=reg)
+    async def session_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
+        raw: dict[str, Any] = dict(body)
+        meta = raw["metadata"]
+        async with lock(meta["namespace"], meta["name"]):
+            await cleanup.delete_session(ctx(), raw, attempt=retry)
+        ctx().count_session((meta["namespace"], meta["name"]), None, ready=True)
+
+    @kopf.daemon(
+        *MIGRATIONS,
+        cancellation_backoff=CANCELLATION_BACKOFF_S,
+        cancellation_timeout=30.0,
+        registry=reg,
+    )
+    async def migration_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
+        raw: dict[str, Any] = dict(body)
+        while not stopped:
+            try:
+                await migrations.run(ctx(), raw, stopped)
+                return
+            except ShadowpodError as exc:
+                await _failed(ctx(), raw, "AgentMigration", exc, None)
+                await stopped.wait(5.0)
+
+    @kopf.on.delete(*MIGRATIONS, registry=reg)
+    async def migration_deleted(body: kopf.Body, **_: Any) -> None:
+        """A cancel: rolled back (or finished, past the cutover) before the finalizer goes."""
+        await migrations.cancel(ctx(), dict(body))
+
+    @kopf.on.field("", "v1", "nodes", field="spec.unschedulable", registry=reg)
+    async def node_cordoned(name: str, new: Any, **_: Any) -> None:
+        if not new:
+            return
+        logger.info("node %s is cordoned: its sessions move off it", name, extra={"node": name})
+        await cleanup.reconcile_sessions_on(ctx(), name, _poke)
+
+    async def _poke(body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        async with lock(meta["namespace"], meta["name"]):
+            try:
+                await sessions.reconcile(ctx(), body)
+            except ShadowpodError as exc:
+                await _failed(ctx(), body, "AgentSession", exc, None)
+
+    return reg
+
+
+async def _failed(
+    ctx: OperatorContext,
+    body: dict[str, Any],
+    kind: str,
+    exc: ShadowpodError,
+    patch: kopf.Patch | None,
+) -> None:
+    reason = getattr(exc, "reason", type(exc).__name__)
+    logger.warning(
+        "%s %s/%s: %s: %s",
+        kind,
+        body["metadata"]["namespace"],
+        body["metadata"]["name"],
+        reason,
+        exc,
+    )
+    ctx.metrics.reconcile_errors.labels(kind=kind, reason=reason).inc()
+    await ctx.event(body, "Warning", reason, f"{exc}; trying again")
+    if patch is not None:
+        seen = sessions.Observed(
+            phase=(body.get("status") or {}).get("phase", "Pending"),
+            epoch=(body.get("status") or {}).get("epoch"),
+            owner=(body.get("status") or {}).get("ownerPod"),
+            image=(body.get("status") or {}).get("image"),
+            active=(body.get("status") or {}).get("activeMigration"),
+            degraded=sessions.Problem(reason, f"{exc}; the operator tries again"),
+        )
+        patch.status.update(sessions.status_patch(body, seen))

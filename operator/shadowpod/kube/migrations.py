@@ -1,0 +1,285 @@
+"""Running one AgentMigration: the engine, over pods, in the operator's daemon.
+
+- It waits its turn: a session's migrations run one at a time, oldest first.
+- Its record is made (and saved) before anything acts, with the target pod's name
+  chosen once; a restarted operator finds the record and resumes the engine from
+  the saved phase (``recoveries`` counts those).
+- Deleting it cancels it (``cancel``, from the deletion handler, once the daemon has
+  let go): before the epoch bump, the engine rolls back (the fence lifted, the shadow
+  pod removed, the source untouched); after the bump there is no way back, and the
+  migration finishes.
+- When it ends, the session is told: on success the new owner pod is labelled as
+  the owner (the PodDisruptionBudget covers it) and the old pod is deleted; on
+  failure the session stays on its old pod with a ``Degraded`` condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Final
+
+from shadowpod.engine.engine import MigrationEngine
+from shadowpod.engine.record import (
+    COMMITTED_PHASES,
+    TERMINAL,
+    InstanceRef,
+    MigrationPolicy,
+    MigrationRecord,
+    MigrationSpec,
+    Phase,
+)
+from shadowpod.kube import conditions, names
+from shadowpod.kube.api import namespaced
+from shadowpod.kube.context import OperatorContext
+from shadowpod.kube.models.conditions import ConditionStatus
+from shadowpod.kube.models.v1alpha1 import AgentMigration, AgentSession, MigrationCondition
+from shadowpod.kube.records import RESULTS, MigrationRecords, seconds_time, timestamp
+from shadowpod.kube.runtime import PodRuntime
+from shadowpod.kube.sessions import (
+    container_image,
+    gateway_call,
+    gateway_id,
+    migrations_of,
+    session_model,
+    unfinished,
+)
+
+logger = logging.getLogger("shadowpod.operator")
+TURN_POLL_S: Final = 1.0
+
+
+def engine_policy(session: AgentSession) -> MigrationPolicy:
+    policy = session.spec.migration
+    return MigrationPolicy(
+        fence_timeout_s=policy.fence_timeout_seconds,
+        max_fence_attempts=policy.max_fence_attempts,
+        catchup_lag_threshold=policy.catch_up_lag_threshold,
+        max_duration_s=policy.max_duration_seconds,
+        phase_timeout_s=policy.phase_timeout_seconds,
+        drain_grace_s=policy.drain_grace_period_seconds,
+        rollback_on_failure=policy.rollback_on_failure,
+    )
+
+
+async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
+    """Drive the AgentMigration ``body`` to its end (the daemon's whole work). Stopped
+    (the operator exiting, the migration deleted), it leaves the record where it is:
+    a restarted operator resumes it, and ``cancel`` rolls a deleted one back."""
+    migration = AgentMigration.model_validate(dict(body))
+    if migration.status is not None and migration.status.phase in TERMINAL:
+        return
+    namespace = migration.metadata.namespace or "default"
+    name = migration.metadata.name or ""
+    session_name = migration.spec.session_ref.name
+    session_body = await ctx.api.get(namespaced("agentsessions", namespace, session_name))
+    records = MigrationRecords(ctx, dict(body), session_body or dict(body))
+    if session_body is None:
+        if records.stored() is None:
+            message = f"AgentSession {session_name!r} does not exist"
+            await _refuse(ctx, records, body, "SessionNotFound", message)
+        return
+    session = session_model(session_body)
+    if records.stored() is None:
+        while not await _my_turn(ctx, namespace, session_name, name):
+            if stopped:
+                return
+            await asyncio.sleep(TURN_POLL_S)
+    async with ctx.lock(f"migration/{namespace}/{name}"):
+        record = records.stored()
+        if record is None:
+            record = await _new_record(ctx, session, migration)
+            if record is None:
+                message = f"AgentSession {session_name!r} has no owner pod yet"
+                await _refuse(ctx, records, body, "NoOwner", message)
+                return
+        elif record.done:
+            return
+        else:
+            record = record.model_copy(update={"recoveries": record.recoveries + 1})
+        await _mark_active(ctx, session, name)
+        engine = await _engine(ctx, session, migration, records, record)
+        task = asyncio.create_task(engine.run(record))
+        stop_waiter = asyncio.ensure_future(stopped.wait())
+        try:
+            await asyncio.wait({task, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_waiter.cancel()
+        if not task.done():
+            # Stopped: like a crash, at any point; the saved record says where it was.
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            return
+        record = task.result()
+    await _finish(ctx, session, records, record)
+
+
+async def cancel(ctx: OperatorContext, body: dict[str, Any]) -> None:
+    """A deleted AgentMigration: roll it back if the epoch has not moved yet, else
+    finish it (after the bump, finishing is the only safe way out)."""
+    meta = body["metadata"]
+    namespace, name = meta["namespace"], meta["name"]
+    async with ctx.lock(f"migration/{namespace}/{name}"):
+        fresh = await ctx.api.get(namespaced("agentmigrations", namespace, name)) or body
+        migration = AgentMigration.model_validate(fresh)
+        session_name = migration.spec.session_ref.name
+        session_body = await ctx.api.get(namespaced("agentsessions", namespace, session_name))
+        records = MigrationRecords(ctx, fresh, session_body or fresh)
+        record = records.stored()
+        if record is None or record.done:
+            return
+        if session_body is None:  # the session went first: its pods go with it
+            return
+        session = session_model(session_body)
+        if record.phase not in COMMITTED_PHASES and record.phase is not Phase.ROLLING_BACK:
+            record = record.enter(
+                Phase.ROLLING_BACK,
+                failed_phase=record.phase,
+                reason="Cancelled",
+                error="the AgentMigration was deleted: rolled back; the source kept serving",
+            )
+        engine = await _engine(ctx, session, migration, records, record)
+        record = await engine.run(record)
+        await _finish(ctx, session, records, record)
+
+
+async def _engine(
+    ctx: OperatorContext,
+    session: AgentSession,
+    migration: AgentMigration,
+    records: MigrationRecords,
+    record: MigrationRecord,
+) -> MigrationEngine:
+    runtime = PodRuntime(
+        ctx, session, migration=migration.metadata.name, node=migration.spec.target.node_name
+    )
+    await runtime.learn_source(record.spec.source.name)
+    return MigrationEngine(runtime, ctx.control, records)
+
+
+async def _mark_active(ctx: OperatorContext, session: AgentSession, migration: str) -> None:
+    path = namespaced(
+        "agentsessions", session.metadata.namespace or "", session.metadata.name or ""
+    )
+    await ctx.api.patch(
+        f"{path}/status", {"status": {"activeMigration": migration, "phase": "Migrating"}}
+    )
+
+
+async def _my_turn(ctx: OperatorContext, namespace: str, session: str, name: str) -> bool:
+    """Whether every older migration of the session has finished."""
+    for other in await migrations_of(ctx, namespace, session):
+        if other["metadata"]["name"] == name:
+            return True
+        if unfinished(other):
+            return False
+    return True
+
+
+async def _new_record(
+    ctx: OperatorContext, session: AgentSession, migration: AgentMigration
+) -> MigrationRecord | None:
+    namespace = session.metadata.namespace or "default"
+    gid = gateway_id(session)
+    ownership = await gateway_call(ctx, lambda: ctx.admin.ownership(gid))
+    source_pod = await ctx.api.get(namespaced("pods", namespace, ownership.owner or ""))
+    if not ownership.owner or source_pod is None:
+        return None
+    source_image = container_image(source_pod)
+    target_image = migration.spec.target.image or source_image
+    spec = MigrationSpec(
+        id=f"{namespace}/{migration.metadata.name}",
+        session=gid,
+        source=InstanceRef(name=ownership.owner, image=source_image),
+        target=InstanceRef(
+            name=names.new_instance(session.metadata.name or ""), image=target_image
+        ),
+        credentials=[c.name for c in session.spec.credentials],
+        policy=engine_policy(session),
+        reason=migration.spec.reason,
+    )
+    return MigrationRecord(spec=spec)
+
+
+async def _refuse(
+    ctx: OperatorContext, records: MigrationRecords, body: dict[str, Any], reason: str, message: str
+) -> None:
+    """A migration that cannot start: Failed at once, saying why."""
+    generation = body["metadata"].get("generation")
+    conds: list[MigrationCondition] = []
+    states: tuple[tuple[str, ConditionStatus], ...] = (("Succeeded", "False"), ("Failed", "True"))
+    for kind, state in states:
+        conds = conditions.set_condition(
+            conds,
+            MigrationCondition,
+            kind,
+            state,
+            reason,
+            message,
+            generation=generation,
+        )
+    await ctx.api.patch(
+        f"{records.path}/status",
+        {
+            "status": {
+                "observedGeneration": generation,
+                "phase": "Failed",
+                "result": "Failed",
+                "message": message,
+                "completionTime": timestamp(time.time()),
+                "conditions": [c.model_dump(mode="json", by_alias=True) for c in conds],
+            }
+        },
+    )
+    await ctx.event(body, "Warning", reason, message)
+
+
+async def _finish(
+    ctx: OperatorContext,
+    session: AgentSession,
+    records: MigrationRecords,
+    record: MigrationRecord,
+) -> None:
+    namespace = session.metadata.namespace or "default"
+    spec = record.spec
+    summary: dict[str, Any] = {
+        "name": records.migration["metadata"]["name"],
+        "reason": record.reason or spec.reason,
+        "result": RESULTS.get(record.phase),
+        "sourceImage": spec.source.image,
+        "targetImage": spec.target.image,
+        "startTime": seconds_time(record.started),
+        "completionTime": seconds_time(record.ended),
+        "durationMilliseconds": None if record.total_s is None else round(record.total_s * 1000),
+        "fencePauseMilliseconds": None
+        if record.fence_pause_ms is None
+        else round(record.fence_pause_ms),
+    }
+    status: dict[str, Any] = {"activeMigration": None, "lastMigration": summary}
+    if record.phase is Phase.SUCCEEDED:
+        owner_labels = {names.ROLE_LABEL: names.OWNER_ROLE, names.MIGRATION_LABEL: None}
+        await ctx.api.patch(
+            namespaced("pods", namespace, spec.target.name), {"metadata": {"labels": owner_labels}}
+        )
+        await ctx.api.delete(namespaced("pods", namespace, spec.source.name))
+        target = await ctx.api.get(namespaced("pods", namespace, spec.target.name))
+        status.update(
+            nodeName=None if target is None else target["spec"].get("nodeName"),
+            ownerPod=spec.target.name,
+            image=spec.target.image,
+            epoch=None if record.fence is None else record.fence.epoch,
+            phase="Running",
+        )
+    else:
+        # Whatever the engine left of the shadow (rollbackOnFailure: false keeps it).
+        if session.spec.migration.rollback_on_failure:
+            await ctx.api.delete(namespaced("pods", namespace, spec.target.name), grace_s=0)
+    session_path = namespaced("agentsessions", namespace, session.metadata.name or "")
+    await ctx.api.patch(f"{session_path}/status", {"status": status})
+    logger.info(
+        "migration %s ended %s",
+        spec.id,
+        record.phase,
+        extra={"migration": spec.id, "session": spec.session},
+    )

@@ -1,0 +1,100 @@
+"""What ``kubectl shadowpod`` reads and writes, without rendering (``cli.kubectl`` draws
+the tables and the progress bar): sessions, migrations, a new migration, a cancel."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio import config as kube_config
+
+from shadowpod.kube import names
+from shadowpod.kube.api import KubeApi, namespaced
+from shadowpod.kube.models.v1alpha1 import API_VERSION
+
+
+@dataclass(frozen=True)
+class Target:
+    kubeconfig: str | None
+    context: str | None
+    namespace: str | None
+
+
+@asynccontextmanager
+async def connect(target: Target) -> AsyncIterator[tuple[KubeApi, str]]:
+    """The API and the namespace to use (the flag's, else the kubeconfig context's)."""
+    configuration = client.Configuration()
+    await kube_config.load_kube_config(
+        config_file=target.kubeconfig,
+        context=target.context,
+        client_configuration=configuration,
+        persist_config=False,
+    )
+    namespace = target.namespace
+    if namespace is None:
+        _, active = kube_config.list_kube_config_contexts(config_file=target.kubeconfig)
+        namespace = (active or {}).get("context", {}).get("namespace") or "default"
+    async with client.ApiClient(configuration) as api:
+        yield KubeApi(api), namespace
+
+
+async def sessions(api: KubeApi, namespace: str, name: str | None) -> list[dict[str, Any]]:
+    if name is not None:
+        found = await api.get(namespaced("agentsessions", namespace, name))
+        return [] if found is None else [found]
+    return await api.list(namespaced("agentsessions", namespace))
+
+
+async def history(api: KubeApi, namespace: str, session: str) -> list[dict[str, Any]]:
+    listed = await api.list(namespaced("agentmigrations", namespace))
+    mine = [m for m in listed if m["spec"]["sessionRef"]["name"] == session]
+    return sorted(mine, key=lambda m: m["metadata"].get("creationTimestamp", ""))
+
+
+async def migrate(
+    api: KubeApi,
+    namespace: str,
+    session: str,
+    *,
+    image: str | None,
+    node: str | None,
+    reason: str = "Manual",
+) -> dict[str, Any]:
+    """A new AgentMigration of ``session`` (same image and any other node by default)."""
+    body = await api.get(namespaced("agentsessions", namespace, session))
+    if body is None:
+        raise LookupError(f"AgentSession {session!r} not found in namespace {namespace!r}")
+    target: dict[str, str] = {}
+    if image is not None:
+        target["image"] = image
+    if node is not None:
+        target["nodeName"] = node
+    if not target:  # a move: the same image, wherever the scheduler puts it
+        target["image"] = (body.get("status") or {}).get("image") or body["spec"]["image"]
+    manifest = {
+        "apiVersion": API_VERSION,
+        "kind": "AgentMigration",
+        "metadata": {
+            "name": f"{session}-m{int(time.time())}",
+            "namespace": namespace,
+            "labels": {names.SESSION_LABEL: session},
+        },
+        "spec": {"sessionRef": {"name": session}, "target": target, "reason": reason},
+    }
+    return await api.create(namespaced("agentmigrations", namespace), manifest)
+
+
+async def migration(api: KubeApi, namespace: str, name: str) -> dict[str, Any] | None:
+    return await api.get(namespaced("agentmigrations", namespace, name))
+
+
+async def cancel(api: KubeApi, namespace: str, name: str) -> bool:
+    return await api.delete(namespaced("agentmigrations", namespace, name))
+
+
+async def pods(api: KubeApi, namespace: str, session: str) -> list[dict[str, Any]]:
+    return await api.list(namespaced("pods", namespace), labels=names.session_selector(session))

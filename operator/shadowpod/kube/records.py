@@ -1,0 +1,179 @@
+"""``MigrationRecords``: the engine's ``RecordStore`` over an AgentMigration.
+
+The engine's whole record is kept in one annotation (``shadowpod.dev/record``), so
+that a restarted operator resumes it exactly; what a user reads is written to the
+status from it — phase, per-phase timings, the fence, the result and conditions —
+after the record, every time the engine saves. A phase change also posts a Normal
+event, on the migration and on its session, and feeds the metrics.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from shadowpod.engine.record import TERMINAL, MigrationRecord, Phase
+from shadowpod.kube import conditions, names
+from shadowpod.kube.api import namespaced
+from shadowpod.kube.context import EventType, OperatorContext
+from shadowpod.kube.models.conditions import ConditionStatus
+from shadowpod.kube.models.v1alpha1 import MigrationCondition
+
+RECORD_ANNOTATION: Final = f"{names.PREFIX}/record"
+RESULTS: Final = {
+    Phase.SUCCEEDED: "Succeeded",
+    Phase.ROLLED_BACK: "RolledBack",
+    Phase.FAILED: "Failed",
+}
+
+
+def timestamp(seconds: float | None) -> str | None:
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def seconds_time(seconds: float | None) -> str | None:
+    """A ``Time`` (whole seconds), as metav1.Time is written."""
+    if seconds is None:
+        return None
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1000)
+
+
+def status_of(record: MigrationRecord, *, generation: int | None, old: list[Any]) -> dict[str, Any]:
+    """The AgentMigration's status (camelCase JSON) for ``record``."""
+    phases = []
+    for phase, timing in record.timings.items():
+        phases.append(
+            {
+                "phase": phase,
+                "startTime": timestamp(timing.started),
+                "endTime": timestamp(timing.ended),
+                "durationMilliseconds": _ms(timing.seconds),
+            }
+        )
+    result = RESULTS.get(record.phase)
+    succeeded: ConditionStatus = "True" if record.phase is Phase.SUCCEEDED else "False"
+    failed: ConditionStatus = "True" if result in ("RolledBack", "Failed") else "False"
+    why = record.reason or ("Succeeded" if result == "Succeeded" else "InProgress")
+    message = record.error or (f"in phase {record.phase}" if result is None else "done")
+    kept = [MigrationCondition.model_validate(c) for c in old]
+    conds = conditions.set_condition(
+        kept, MigrationCondition, "Succeeded", succeeded, why, message, generation=generation
+    )
+    conds = conditions.set_condition(
+        conds, MigrationCondition, "Failed", failed, why, message, generation=generation
+    )
+    spec = record.spec
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "phase": record.phase,
+        "strategy": "State",
+        "startTime": timestamp(record.started),
+        "completionTime": timestamp(record.ended),
+        "source": {
+            "pod": spec.source.name,
+            "image": spec.source.image,
+            "epoch": record.source_epoch,
+        },
+        "target": {
+            "pod": spec.target.name,
+            "image": spec.target.image,
+            "epoch": None if record.fence is None else record.fence.epoch,
+        },
+        "phases": phases,
+        "snapshot": {
+            "requestSeq": record.snapshot_request_seq,
+            "watermarkSeq": record.snapshot_watermark,
+        },
+        "fenceAttempts": record.fence_attempts,
+        "fence": None
+        if record.fence is None
+        else {
+            "epoch": record.fence.epoch,
+            "fenceSeq": record.fence.fence_seq,
+            "waitedMilliseconds": round(record.fence.waited_ms),
+            "attempts": record.fence.attempts,
+        },
+        "fencePauseMilliseconds": None
+        if record.fence_pause_ms is None
+        else round(record.fence_pause_ms),
+        "messagesReplayed": record.catchup_entries,
+        "catchUpEntriesPerSecond": None
+        if record.catchup_entries_per_s is None
+        else round(record.catchup_entries_per_s),
+        "recoveries": record.recoveries,
+        "result": result,
+        "failedPhase": record.failed_phase,
+        "message": message[:32768],
+        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conds],
+    }
+    return status
+
+
+class MigrationRecords:
+    def __init__(
+        self, ctx: OperatorContext, migration: dict[str, Any], session: dict[str, Any]
+    ) -> None:
+        self.ctx = ctx
+        self.migration = migration
+        self.session = session
+        meta = migration["metadata"]
+        self.path = namespaced("agentmigrations", meta["namespace"], meta["name"])
+        self._phase: Phase | None = None
+
+    def stored(self) -> MigrationRecord | None:
+        raw = self.migration["metadata"].get("annotations", {}).get(RECORD_ANNOTATION)
+        return None if raw is None else MigrationRecord.model_validate_json(raw)
+
+    async def load(self, migration_id: str) -> MigrationRecord | None:
+        fresh = await self.ctx.api.get(self.path)
+        if fresh is not None:
+            self.migration = fresh
+        return self.stored()
+
+    async def save(self, record: MigrationRecord) -> None:
+        patched = await self.ctx.api.patch(
+            self.path, {"metadata": {"annotations": {RECORD_ANNOTATION: record.model_dump_json()}}}
+        )
+        if patched is None:
+            return  # deleted meanwhile: the cancel path owns what is left
+        self.migration = patched
+        old = (patched.get("status") or {}).get("conditions", [])
+        status = status_of(record, generation=patched["metadata"].get("generation"), old=old)
+        patched_status = await self.ctx.api.patch(f"{self.path}/status", {"status": status})
+        if patched_status is not None:
+            self.migration = patched_status
+        if record.phase is not self._phase:
+            await self._phase_changed(record)
+            self._phase = record.phase
+
+    async def _phase_changed(self, record: MigrationRecord) -> None:
+        metrics = self.ctx.metrics
+        previous = self._phase
+        if previous is not None and (timing := record.timings.get(previous)) and timing.seconds:
+            metrics.phase_duration.labels(phase=previous).observe(timing.seconds)
+        if previous is not None and previous not in TERMINAL:
+            metrics.in_progress.labels(phase=previous).dec()
+        if record.phase not in TERMINAL:
+            metrics.in_progress.labels(phase=record.phase).inc()
+        else:
+            result = RESULTS[record.phase]
+            reason = record.reason or record.spec.reason
+            metrics.migrations.labels(result=result, reason=reason).inc()
+            if record.total_s is not None:
+                metrics.migration_duration.labels(result=result).observe(record.total_s)
+            if record.fence_pause_ms is not None:
+                metrics.fence_pause.observe(record.fence_pause_ms / 1000)
+        kind: EventType = (
+            "Warning" if record.phase in (Phase.ROLLING_BACK, Phase.FAILED) else "Normal"
+        )
+        message = f"migration {self.migration['metadata']['name']}: {record.phase}"
+        if record.error and record.phase in (Phase.ROLLING_BACK, Phase.FAILED, Phase.ROLLED_BACK):
+            message += f" ({record.reason}: {record.error})"
+        for obj in (self.migration, self.session):
+            await self.ctx.event(obj, kind, f"Migration{record.phase}", message)

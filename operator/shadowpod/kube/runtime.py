@@ -1,0 +1,208 @@
+"""``PodRuntime``: the engine's ``Runtime`` port over pods of one AgentSession.
+
+An instance is a pod named after it (``restartPolicy: Never``: one instance, one
+epoch). Its status is the pod's: not yet running → ``starting``; running → what the
+agent itself reports on ``http://POD_IP:8080/v1/status``; terminated → ``failed``
+(exit code > 0, with the termination message the agent wrote), ``stopped`` (0) or
+``crashed`` (killed by a signal, or the pod gone: a node lost, a deletion) — the
+cases the engine tells apart to recover or to fail.
+
+Images cannot be asked what they read before they run: ``describe`` knows an image
+once one of its pods has reported (every agent reports the state schema it writes
+and those it reads), and otherwise assumes the target reads the source's schema. A
+target that cannot exits at once saying ``SchemaTooNew``, which the engine reports as
+``IncompatibleStateSchema`` and rolls back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, Final
+
+from shadowpod.client.agent import instance_status, read_agent_status
+from shadowpod.engine.ports import (
+    ImageInfo,
+    ImageNotFound,
+    InstanceSpec,
+    InstanceStatus,
+    RuntimeFailure,
+)
+from shadowpod.kube import manifests, names
+from shadowpod.kube.api import AlreadyExists, namespaced
+from shadowpod.kube.context import OperatorContext
+from shadowpod.kube.models.v1alpha1 import AgentSession
+
+# An image reference as a container runtime parses it: [registry/]path[:tag][@digest].
+IMAGE_REFERENCE: Final = re.compile(
+    r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*"
+    r"(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+)
+# Exit codes above this are 128 + the signal that ended the container.
+SIGNALLED: Final = 128
+
+# What each image reported when its pods ran, shared by every session's runtime.
+_KNOWN_IMAGES: dict[str, ImageInfo] = {}
+
+
+def image_problem(image: str) -> str | None:
+    """Why ``image`` is not a reference a container runtime can pull, if it is not."""
+    if IMAGE_REFERENCE.match(image):
+        return None
+    return (
+        f"image {image!r} is not a valid image reference ([registry/]name[:tag][@digest],"
+        " lower-case): correct spec.image"
+    )
+
+
+class PodRuntime:
+    def __init__(
+        self,
+        ctx: OperatorContext,
+        session: AgentSession,
+        *,
+        migration: str | None = None,
+        node: str | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.session = session
+        self.namespace = session.metadata.namespace or "default"
+        self.migration = migration
+        self.node = node
+        self.source_info: ImageInfo | None = None
+
+    def _pod(self, name: str | None = None) -> str:
+        return namespaced("pods", self.namespace, name)
+
+    async def describe(self, image: str) -> ImageInfo:
+        if (problem := image_problem(image)) is not None:
+            raise ImageNotFound(problem)
+        if image in _KNOWN_IMAGES:
+            return _KNOWN_IMAGES[image]
+        # Not run yet: assume it reads what the source writes; its shadow will say if not.
+        schema = 1 if self.source_info is None else self.source_info.state_schema
+        return ImageInfo(image=image, state_schema=schema, reads_state_schemas=[schema])
+
+    async def learn_source(self, pod_name: str) -> ImageInfo | None:
+        """What the image of the source pod ``pod_name`` writes and reads, from its agent."""
+        pod = await self.ctx.api.get(self._pod(pod_name))
+        if pod is None or not (ip := pod.get("status", {}).get("podIP")):
+            return None
+        status = await read_agent_status(self.ctx.http, f"http://{ip}:{names.AGENT_PORT}")
+        if status is None:
+            return None
+        image = _container(pod)["image"]
+        info = ImageInfo(
+            image=image,
+            state_schema=status.state_schema,
+            reads_state_schemas=sorted(set(status.reads_state_schemas)),
+        )
+        _KNOWN_IMAGES[image] = self.source_info = info
+        return info
+
+    async def missing_credentials(self, image: str, names_: list[str]) -> list[str]:
+        declared = {c.name: c.secret_ref for c in self.session.spec.credentials}
+        missing = []
+        for name in names_:
+            ref = declared.get(name)
+            secret = (
+                None
+                if ref is None
+                else await self.ctx.api.get(namespaced("secrets", self.namespace, ref.name))
+            )
+            if secret is None or (
+                ref is not None and ref.key and ref.key not in secret.get("data", {})
+            ):
+                missing.append(name)
+        return missing
+
+    async def start(self, spec: InstanceSpec) -> None:
+        existing = await self.ctx.api.get(self._pod(spec.name))
+        if existing is not None:
+            if _container(existing)["image"] != spec.image:
+                raise RuntimeFailure(
+                    f"pod {spec.name!r} exists with image {_container(existing)['image']!r},"
+                    f" not {spec.image!r}"
+                )
+            return  # asked again: it was created
+        pod = manifests.agent_pod(
+            self.session,
+            instance=spec.name,
+            gateway_session=spec.session,
+            mode=spec.mode,
+            epoch=spec.epoch,
+            snapshot=spec.snapshot,
+            node=self.node,
+            migration=self.migration,
+            image=spec.image,
+        )
+        try:
+            await self.ctx.api.create(self._pod(), pod)
+        except AlreadyExists:
+            return
+
+    async def status(self, name: str) -> InstanceStatus:
+        pod = await self.ctx.api.get(self._pod(name))
+        if pod is None:
+            return InstanceStatus(name=name, alive=False, mode="crashed", error="the pod is gone")
+        terminated = _terminated(pod)
+        if terminated is not None:
+            return terminated
+        ip = pod.get("status", {}).get("podIP")
+        if pod.get("status", {}).get("phase") != "Running" or not ip:
+            return InstanceStatus(name=name, alive=True, mode="starting")
+        reported = await read_agent_status(self.ctx.http, f"http://{ip}:{names.AGENT_PORT}")
+        if reported is not None:
+            _KNOWN_IMAGES.setdefault(
+                _container(pod)["image"],
+                ImageInfo(
+                    image=_container(pod)["image"],
+                    state_schema=reported.state_schema,
+                    reads_state_schemas=sorted(set(reported.reads_state_schemas)),
+                ),
+            )
+        return instance_status(name, reported)
+
+    async def stop(self, name: str, *, grace_s: float) -> None:
+        """Delete the pod with ``grace_s`` (SIGTERM, then SIGKILL), and wait until it is gone."""
+        deleted = await self.ctx.api.delete(self._pod(name), grace_s=int(grace_s))
+        if not deleted:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s + manifests.EXIT_MARGIN_S + 30
+        while loop.time() < deadline:
+            if await self.ctx.api.get(self._pod(name)) is None:
+                return
+            await asyncio.sleep(0.25)
+
+
+def _container(pod: dict[str, Any]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = pod["spec"]["containers"]
+    return next((c for c in containers if c["name"] == names.AGENT_CONTAINER), containers[0])
+
+
+def _terminated(pod: dict[str, Any]) -> InstanceStatus | None:
+    """How the pod's agent ended, if it did (or the pod is going away)."""
+    name = pod["metadata"]["name"]
+    status = pod.get("status", {})
+    for container in status.get("containerStatuses", []):
+        if container.get("name") != names.AGENT_CONTAINER:
+            continue
+        ended = container.get("state", {}).get("terminated")
+        if ended is None:
+            break
+        code = int(ended.get("exitCode", 0))
+        message = (ended.get("message") or "").strip()
+        how = f"exited with code {code}" + (f": {message}" if message else "")
+        if code == 0:
+            return InstanceStatus(name=name, alive=False, mode="stopped", error=how)
+        if code > SIGNALLED or ended.get("reason") == "OOMKilled":
+            return InstanceStatus(name=name, alive=False, mode="crashed", error=how)
+        return InstanceStatus(name=name, alive=False, mode="failed", error=how)
+    if status.get("phase") in ("Failed", "Succeeded"):
+        mode = "stopped" if status["phase"] == "Succeeded" else "crashed"
+        reason = status.get("reason") or status["phase"]
+        return InstanceStatus(name=name, alive=False, mode=mode, error=f"the pod {reason}")
+    if pod["metadata"].get("deletionTimestamp") and status.get("phase") != "Running":
+        return InstanceStatus(name=name, alive=False, mode="crashed", error="the pod is deleted")
+    return None

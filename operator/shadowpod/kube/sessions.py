@@ -1,0 +1,413 @@
+"""Reconciling one AgentSession: what must exist for it to serve, and its status.
+
+Level-triggered: every pass reads the world fresh (the gateway's ownership is the
+truth about who owns the session and at which epoch; the pods and migrations are
+listed from the API) and makes what is missing, in an order that a crash between
+any two steps repeats safely:
+
+1. the spec's references checked (credential Secrets, the image reference): a
+   problem is a ``Degraded`` condition and a Warning event, never a crash loop;
+2. the per-session Secret with the agent token, *before* the session exists in the
+   gateway (which is then created with the token's hash);
+3. the session in the gateway, and its first owner recorded at epoch 1 before the
+   owner pod exists, so that the pod's first write is already fenced;
+4. the PodDisruptionBudget that holds ``kubectl drain`` until the session has moved;
+5. the owner pod; an owner pod that died outside a migration is replaced by a new
+   one at a new epoch, restoring from the latest snapshot and the journal;
+6. an AgentMigration when the image changed or the owner's node is cordoned —
+   one at a time: a change during a migration waits for it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Final
+
+import aiohttp
+
+from shadowpod.api.models import CreateSession, CredentialSpec, OwnershipChange, ScheduleSpec
+from shadowpod.client.gateway import GatewayError
+from shadowpod.engine.ports import GatewayUnavailable
+from shadowpod.engine.record import TERMINAL, Phase
+from shadowpod.kube import conditions, manifests, names
+from shadowpod.kube.api import AlreadyExists, namespaced
+from shadowpod.kube.context import OperatorContext
+from shadowpod.kube.models.conditions import ConditionStatus
+from shadowpod.kube.models.v1alpha1 import AgentSession, SessionCondition
+from shadowpod.kube.models.v1alpha1.policy import EvictionStrategy
+from shadowpod.kube.runtime import image_problem
+from shadowpod.sessions.tokens import new_token, token_hash
+
+logger = logging.getLogger("shadowpod.operator")
+
+FINISHED: Final = frozenset(phase.value for phase in TERMINAL)
+
+
+@dataclass(frozen=True)
+class Problem:
+    reason: str
+    message: str
+
+
+def session_model(body: dict[str, Any]) -> AgentSession:
+    return AgentSession.model_validate(dict(body))
+
+
+def gateway_id(session: AgentSession) -> str:
+    return names.gateway_session(
+        session.metadata.namespace or "default", session.metadata.name or ""
+    )
+
+
+async def gateway_call(ctx: OperatorContext, call: Any) -> Any:
+    """A call to the gateway, asked again for a while when it is away."""
+    return await ctx.control.retry(call)
+
+
+async def problems(ctx: OperatorContext, session: AgentSession) -> list[Problem]:
+    """What in the spec the API server could not check and the operator can."""
+    found = []
+    if (problem := image_problem(session.spec.image)) is not None:
+        found.append(Problem("InvalidImage", problem))
+    namespace = session.metadata.namespace or "default"
+    for credential in session.spec.credentials:
+        ref = credential.secret_ref
+        secret = await ctx.api.get(namespaced("secrets", namespace, ref.name))
+        if secret is None:
+            found.append(
+                Problem(
+                    "SecretNotFound",
+                    f"credential {credential.name!r} refers to Secret {ref.name!r}, which does"
+                    f" not exist in namespace {namespace!r}: create it",
+                )
+            )
+        elif ref.key is not None and ref.key not in (secret.get("data") or {}):
+            found.append(
+                Problem(
+                    "SecretKeyNotFound",
+                    f"credential {credential.name!r} refers to key {ref.key!r} of Secret"
+                    f" {ref.name!r}, which has no such key: add it or correct secretRef.key",
+                )
+            )
+    return found
+
+
+async def migrations_of(ctx: OperatorContext, namespace: str, session: str) -> list[dict[str, Any]]:
+    """The session's AgentMigrations, oldest first."""
+    listed = await ctx.api.list(namespaced("agentmigrations", namespace))
+    mine = [m for m in listed if m["spec"]["sessionRef"]["name"] == session]
+    return sorted(
+        mine, key=lambda m: (m["metadata"].get("creationTimestamp", ""), m["metadata"]["name"])
+    )
+
+
+def unfinished(migration: dict[str, Any]) -> bool:
+    phase = (migration.get("status") or {}).get("phase", "Pending")
+    return phase not in FINISHED and not migration["metadata"].get("deletionTimestamp")
+
+
+async def ensure_token_secret(ctx: OperatorContext, session: AgentSession) -> str:
+    """The agent token, from the session's Secret (made, with a new token, if missing)."""
+    namespace = session.metadata.namespace or "default"
+    name = names.token_secret(session.metadata.name or "")
+    path = namespaced("secrets", namespace, name)
+    secret = await ctx.api.get(path)
+    if secret is None:
+        body = manifests.token_secret(
+            session, token=new_token(), gateway_url=ctx.config.agent_gateway_url
+        )
+        try:
+            secret = await ctx.api.create(namespaced("secrets", namespace), body)
+        except AlreadyExists:
+            secret = await ctx.api.get(path)
+    if secret is None:
+        raise GatewayUnavailable(f"the Secret {name} vanished while it was made")
+    return base64.b64decode(secret["data"][names.TOKEN_KEY]).decode()
+
+
+async def ensure_gateway_session(ctx: OperatorContext, session: AgentSession, token: str) -> None:
+    request = CreateSession(
+        session=gateway_id(session),
+        meta={"namespace": session.metadata.namespace or "", "name": session.metadata.name or ""},
+        credentials=[
+            CredentialSpec(name=c.name, secret_ref=f"{c.secret_ref.name}/{c.secret_ref.key or ''}")
+            for c in session.spec.credentials
+        ],
+        schedules=[
+            ScheduleSpec(schedule_id=s.name, every_s=s.every_seconds, content=s.message)
+            for s in session.spec.schedules
+        ],
+        agent_token_sha256=token_hash(token),
+    )
+    try:
+        await gateway_call(ctx, lambda: ctx.admin.create_session(request))
+    except GatewayError as exc:
+        if exc.reason != "SessionExists":
+            raise
+
+
+async def ensure_budget(ctx: OperatorContext, session: AgentSession) -> None:
+    namespace = session.metadata.namespace or "default"
+    path = namespaced(
+        "poddisruptionbudgets", namespace, names.disruption_budget(session.metadata.name or "")
+    )
+    wanted = session.spec.migration.eviction_strategy is EvictionStrategy.LIVE_MIGRATE
+    existing = await ctx.api.get(path)
+    if wanted and existing is None:
+        with contextlib.suppress(AlreadyExists):
+            await ctx.api.create(
+                namespaced("poddisruptionbudgets", namespace), manifests.owner_budget(session)
+            )
+    elif not wanted and existing is not None:
+        await ctx.api.delete(path)
+
+
+def pod_ready(pod: dict[str, Any] | None) -> bool:
+    if pod is None:
+        return False
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (pod.get("status") or {}).get("conditions", [])
+    )
+
+
+def pod_dead(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") in ("Failed", "Succeeded") or bool(
+        pod["metadata"].get("deletionTimestamp")
+    )
+
+
+def container_image(pod: dict[str, Any]) -> str:
+    containers = pod["spec"]["containers"]
+    return str(
+        next((c for c in containers if c["name"] == names.AGENT_CONTAINER), containers[0])["image"]
+    )
+
+
+@dataclass
+class Observed:
+    """What one reconcile saw, for the status."""
+
+    phase: str
+    epoch: int | None = None
+    owner: str | None = None
+    node: str | None = None
+    image: str | None = None
+    ready: bool = False
+    head: int | None = None
+    acked: int | None = None
+    active: str | None = None
+    degraded: Problem | None = None
+
+
+async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
+    """One pass over the session (see the module's docstring)."""
+    session = session_model(body)
+    namespace, name = session.metadata.namespace or "default", session.metadata.name or ""
+    found = await problems(ctx, session)
+    if found:
+        for problem in found:
+            await ctx.event(body, "Warning", problem.reason, problem.message)
+    token = await ensure_token_secret(ctx, session)
+    await ensure_gateway_session(ctx, session, token)
+    gid = gateway_id(session)
+    ownership = await gateway_call(ctx, lambda: ctx.admin.ownership(gid))
+    if ownership.epoch == 0:
+        change = OwnershipChange(expect_epoch=0, epoch=1, owner=names.new_instance(name))
+        ownership = await gateway_call(ctx, lambda: ctx.admin.set_ownership(gid, change))
+    await ensure_budget(ctx, session)
+    migrations = await migrations_of(ctx, namespace, name)
+    active = next((m for m in migrations if unfinished(m)), None)
+    recorded_owner = (body.get("status") or {}).get("ownerPod")
+    pod = await ctx.api.get(namespaced("pods", namespace, ownership.owner))
+    if active is None and found and pod is None:
+        # Nothing runs yet, and it could not start right: say so and wait for a fix.
+        return Observed(phase="Pending", epoch=ownership.epoch, degraded=found[0])
+    if active is None and (pod is None or pod_dead(pod)):
+        if pod is not None or recorded_owner == ownership.owner:
+            ownership, pod = await _replace_owner(ctx, body, session, ownership, pod)
+        else:
+            pod = await _create_owner(ctx, session, ownership.owner, ownership.epoch)
+    if active is None and pod is not None and not pod_dead(pod) and pod_ready(pod):
+        active = await _maybe_migrate(ctx, session, body, pod, migrations)
+    head = acked = None
+    # The journal's position is shown when the gateway answers.
+    with contextlib.suppress(GatewayError, aiohttp.ClientError, TimeoutError):
+        journal = await ctx.admin.status(gid)
+        head, acked = journal.head, min(journal.head, max(journal.acks.values(), default=0))
+    ready = pod_ready(pod)
+    phase = "Migrating" if active is not None else ("Running" if ready else "Pending")
+    return Observed(
+        phase=phase,
+        epoch=ownership.epoch,
+        owner=ownership.owner,
+        node=None if pod is None else pod["spec"].get("nodeName"),
+        image=None if pod is None else container_image(pod),
+        ready=ready,
+        head=head,
+        acked=acked,
+        active=None if active is None else active["metadata"]["name"],
+        degraded=found[0] if found else None,
+    )
+
+
+async def _create_owner(
+    ctx: OperatorContext, session: AgentSession, instance: str, epoch: int
+) -> dict[str, Any]:
+    namespace = session.metadata.namespace or "default"
+    pod = manifests.agent_pod(
+        session, instance=instance, gateway_session=gateway_id(session), mode="owner", epoch=epoch
+    )
+    try:
+        return await ctx.api.create(namespaced("pods", namespace), pod)
+    except AlreadyExists:
+        found = await ctx.api.get(namespaced("pods", namespace, instance))
+        return found if found is not None else pod
+
+
+async def _replace_owner(
+    ctx: OperatorContext,
+    body: dict[str, Any],
+    session: AgentSession,
+    ownership: Any,
+    dead: dict[str, Any] | None,
+) -> tuple[Any, dict[str, Any]]:
+    """A new owner at a new epoch for one that died outside a migration; the old pod's
+    epoch is fenced before the new pod exists, so a zombie of it can write nothing."""
+    name = session.metadata.name or ""
+    namespace = session.metadata.namespace or "default"
+    gid = gateway_id(session)
+    instance = names.new_instance(name)
+    change = OwnershipChange(
+        expect_epoch=ownership.epoch, epoch=ownership.epoch + 1, owner=instance
+    )
+    new = await gateway_call(ctx, lambda: ctx.admin.set_ownership(gid, change))
+    what = "is gone" if dead is None else f"ended ({(dead.get('status') or {}).get('phase')})"
+    await ctx.event(
+        body,
+        "Warning",
+        "OwnerReplaced",
+        f"owner pod {ownership.owner} {what}: new owner {instance} at epoch {new.epoch},"
+        " from the latest snapshot and the journal",
+    )
+    if dead is not None:
+        await ctx.api.delete(namespaced("pods", namespace, ownership.owner), grace_s=0)
+    return new, await _create_owner(ctx, session, instance, new.epoch)
+
+
+async def _maybe_migrate(
+    ctx: OperatorContext,
+    session: AgentSession,
+    body: dict[str, Any],
+    pod: dict[str, Any],
+    migrations: list[dict[str, Any]],
+) -> dict[str, Any] | None:
+    """An AgentMigration for an image change or a cordoned node, if one is due."""
+    name = session.metadata.name or ""
+    namespace = session.metadata.namespace or "default"
+    generation = int(body["metadata"].get("generation") or 1)
+    migration: dict[str, Any] | None = None
+    if container_image(pod) != session.spec.image:
+        wanted = names.image_migration(name, generation)
+        if any(m["metadata"]["name"] == wanted for m in migrations):
+            return None  # this change was tried (and failed): wait for the next one
+        migration = manifests.agent_migration(
+            session, name=wanted, reason="ImageChange", image=session.spec.image
+        )
+    elif session.spec.migration.eviction_strategy is EvictionStrategy.LIVE_MIGRATE:
+        node = pod["spec"].get("nodeName")
+        if node and await _cordoned(ctx, node):
+            wanted = names.drain_migration(name, node, pod["metadata"]["name"])
+            if any(m["metadata"]["name"] == wanted for m in migrations):
+                return None
+            # The same image anywhere else: the scheduler keeps off the cordoned node.
+            migration = manifests.agent_migration(
+                session, name=wanted, reason="NodeDrain", image=container_image(pod)
+            )
+    if migration is None:
+        return None
+    try:
+        created = await ctx.api.create(namespaced("agentmigrations", namespace), migration)
+    except AlreadyExists:
+        return None
+    reason = migration["spec"]["reason"]
+    await ctx.event(
+        body,
+        "Normal",
+        "MigrationCreated",
+        f"{reason}: AgentMigration {migration['metadata']['name']}",
+    )
+    return created
+
+
+async def _cordoned(ctx: OperatorContext, node: str) -> bool:
+    found = await ctx.api.get(f"/api/v1/nodes/{node}")
+    return found is not None and bool((found.get("spec") or {}).get("unschedulable"))
+
+
+def status_patch(body: dict[str, Any], seen: Observed) -> dict[str, Any]:
+    """The session's status for what ``reconcile`` saw: every condition type set."""
+    generation = body["metadata"].get("generation")
+    old = [
+        SessionCondition.model_validate(c) for c in (body.get("status") or {}).get("conditions", [])
+    ]
+    ready: tuple[ConditionStatus, str, str]
+    migrating: tuple[ConditionStatus, str, str]
+    degraded: tuple[ConditionStatus, str, str]
+    if seen.ready:
+        ready = ("True", "OwnerReady", f"owner pod {seen.owner} serves at epoch {seen.epoch}")
+    else:
+        ready = ("False", "OwnerNotReady", f"owner pod {seen.owner or '(none yet)'} is not ready")
+    if seen.active is not None:
+        migrating = ("True", "MigrationRunning", f"AgentMigration {seen.active} runs")
+    else:
+        migrating = ("False", "NoMigration", "no migration runs")
+    last = (body.get("status") or {}).get("lastMigration") or {}
+    if seen.degraded is not None:
+        degraded = ("True", seen.degraded.reason, seen.degraded.message)
+    elif seen.active is None and last.get("result") in ("RolledBack", "Failed"):
+        degraded = (
+            "True",
+            last.get("reason") or "MigrationFailed",
+            f"AgentMigration {last.get('name')} {last.get('result')}: the session stays on"
+            f" {seen.image}; kubectl describe agm {last.get('name')} says why",
+        )
+    else:
+        degraded = ("False", "AsExpected", "nothing needs attention")
+    conds = old
+    states: tuple[tuple[str, tuple[ConditionStatus, str, str]], ...] = (
+        ("Ready", ready),
+        ("Migrating", migrating),
+        ("Degraded", degraded),
+    )
+    for kind, (state, reason, message) in states:
+        conds = conditions.set_condition(
+            conds,
+            SessionCondition,
+            kind,
+            state,
+            reason,
+            message,
+            generation=generation,
+        )
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "phase": seen.phase,
+        "epoch": seen.epoch,
+        "ownerPod": seen.owner,
+        "nodeName": seen.node,
+        "image": seen.image,
+        "activeMigration": seen.active,
+        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conds],
+    }
+    if seen.head is not None:
+        status["journal"] = {"headSeq": seen.head, "ackedSeq": seen.acked or 0}
+    return status
+
+
+def migration_phase(migration: dict[str, Any]) -> Phase:
+    return Phase((migration.get("status") or {}).get("phase", "Pending"))

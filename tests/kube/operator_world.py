@@ -1,0 +1,217 @@
+"""The operator's test world: the emulated API, a kubelet running pods as processes,
+a real gateway, and the operator in a Kopf thread — with helpers to read what a user
+would read (``kubectl get ags/agm``, pods, events) and to drive client load."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from kubernetes_asyncio import client
+
+from shadowpod.client.gateway import GatewayClient
+from shadowpod.engine.record import MigrationRecord
+from shadowpod.kube import names
+from shadowpod.kube.api import KubeApi, namespaced
+from shadowpod.kube.config import OperatorConfig
+from shadowpod.kube.handlers import registry
+from shadowpod.kube.metrics import OperatorMetrics
+from shadowpod.kube.models.v1alpha1 import API_VERSION
+from shadowpod.kube.records import RECORD_ANNOTATION
+from shadowpod.local.gateway_process import GatewayProcess
+from shadowpod.local.load import ClientLoad
+from tests.kube.connection import KubeConnection
+from tests.kube.kopf_thread import OperatorThread
+from tests.kube.support import eventually
+
+NAME = "Ada"
+
+
+def session_manifest(name: str, image: str = "refagent:v1", **spec: Any) -> dict[str, Any]:
+    policy = spec.pop("migration", {})
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentSession",
+        "metadata": {"name": name},
+        "spec": {
+            "image": image,
+            "migration": {"fenceTimeoutSeconds": 5, "drainGracePeriodSeconds": 2, **policy},
+            **spec,
+        },
+    }
+
+
+class World:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        kube: KubeConnection,
+        gateway: GatewayProcess,
+        namespace: str,
+    ) -> None:
+        self.raw = KubeApi(api)
+        self.kube = kube
+        self.gateway = gateway
+        self.namespace = namespace
+        self.metrics = OperatorMetrics()
+        self.operator: OperatorThread | None = None
+
+    def config(self) -> OperatorConfig:
+        return OperatorConfig(
+            gateway_url=self.gateway.url,
+            agent_gateway_url=self.gateway.url,
+            control_token=self.gateway.control_token,
+            namespaces=(self.namespace,),
+            kubeconfig=self.kube.kubeconfig,
+            reconcile_interval_s=0.5,
+            deletion_attempts=3,
+        )
+
+    async def start_operator(self) -> None:
+        self.operator = OperatorThread(
+            registry(self.config(), self.metrics), self.kube, namespaces=[self.namespace]
+        )
+        await self.operator.start()
+
+    async def stop_operator(self) -> None:
+        if self.operator is not None:
+            await self.operator.stop()
+            self.operator = None
+
+    # --- what a user reads ------------------------------------------------------------
+
+    def path(self, plural: str, name: str | None = None) -> str:
+        return namespaced(plural, self.namespace, name)
+
+    async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        plural = manifest["kind"].lower() + "s"
+        return await self.raw.create(self.path(plural), manifest)
+
+    async def session(self, name: str) -> dict[str, Any]:
+        found = await self.raw.get(self.path("agentsessions", name))
+        assert found is not None, f"AgentSession {name} is gone"
+        return found
+
+    async def migration(self, name: str) -> dict[str, Any] | None:
+        return await self.raw.get(self.path("agentmigrations", name))
+
+    async def pods(self, session: str) -> list[dict[str, Any]]:
+        return await self.raw.list(self.path("pods"), labels=names.session_selector(session))
+
+    async def events(self, name: str) -> list[tuple[str, str, str]]:
+        listed = await self.raw.list(self.path("events"))
+        return [
+            (e["type"], e["reason"], e["message"])
+            for e in listed
+            if e["involvedObject"]["name"] == name
+        ]
+
+    async def wait_running(
+        self, name: str, *, epoch: int | None = None, timeout: float = 60
+    ) -> dict[str, Any]:
+        async def running() -> dict[str, Any] | None:
+            body = await self.session(name)
+            status = body.get("status") or {}
+            ready = any(
+                c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions", [])
+            )
+            if (
+                status.get("phase") == "Running"
+                and ready
+                and (epoch is None or status.get("epoch") == epoch)
+            ):
+                return body
+            return None
+
+        result: dict[str, Any] = await eventually(running, timeout=timeout, every=0.2)
+        return result
+
+    async def wait_finished(self, name: str, timeout: float = 120) -> dict[str, Any]:
+        async def finished() -> dict[str, Any] | None:
+            body = await self.migration(name)
+            if body is not None and (body.get("status") or {}).get("result"):
+                return body
+            return None
+
+        result: dict[str, Any] = await eventually(finished, timeout=timeout, every=0.2)
+        return result
+
+    @staticmethod
+    def record(migration: dict[str, Any]) -> MigrationRecord:
+        return MigrationRecord.model_validate_json(
+            migration["metadata"]["annotations"][RECORD_ANNOTATION]
+        )
+
+    def gateway_session(self, name: str) -> str:
+        return names.gateway_session(self.namespace, name)
+
+    def client(self) -> GatewayClient:
+        return GatewayClient(self.gateway.url)
+
+
+async def reply_counts(client: GatewayClient, session: str) -> dict[int, int]:
+    """How many assistant replies each inbound turn (by seq) got so far."""
+    counts: dict[int, int] = {}
+    after = 0
+    while True:
+        page = await client.events(session, after=after, kinds=["message"])
+        for entry in page.events:
+            payload = entry.get("payload")
+            turn = payload.get("turn") if isinstance(payload, dict) else None
+            if (
+                isinstance(payload, dict)
+                and payload.get("role") == "assistant"
+                and isinstance(turn, int)
+            ):
+                counts[turn] = counts.get(turn, 0) + 1
+        if page.next_after <= after or not page.events:
+            return counts
+        after = page.next_after
+
+
+class Load:
+    """Client load on one session, with its replies watched (the demo's own checks)."""
+
+    def __init__(self, world: World, session: str, rate: float) -> None:
+        self.client = world.client()
+        self.session = world.gateway_session(session)
+        self.load = ClientLoad(self.client, self.session, rate)
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def __aenter__(self) -> Load:
+        await self.client.__aenter__()
+        await self.client.post_message(self.session, f"my name is {NAME}", id="seed-name")
+        self._tasks = [
+            asyncio.create_task(self.load.watch()),
+            asyncio.create_task(self.load.run(self._stop)),
+        ]
+        return self
+
+    async def stop(self, *, answered_within: float = 60) -> bool:
+        self._stop.set()
+        await self._tasks[1]
+        return await self.load.wait_answered(answered_within)
+
+    async def __aexit__(self, *_: object) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.client.close()
+
+
+async def world_of(kube: KubeConnection, namespace: str, workdir: Path) -> AsyncIterator[World]:
+    gateway = GatewayProcess(workdir / "gateway")
+    await gateway.start()
+    try:
+        async with kube.api() as api:
+            world = World(api, kube, gateway, namespace)
+            try:
+                yield world
+            finally:
+                await world.stop_operator()
+    finally:
+        await gateway.stop()

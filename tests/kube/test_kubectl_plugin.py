@@ -1,0 +1,70 @@
+"""``kubectl shadowpod`` against the emulated API, with the operator running."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from shadowpod.cli.kubectl import kubectl
+from tests.kube.connection import KubeConnection
+from tests.kube.kubelet import Kubelet
+from tests.kube.operator_world import World, session_manifest, world_of
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+async def world(
+    emulator_kube: KubeConnection, kubelet: Kubelet, tmp_path: Path
+) -> AsyncIterator[World]:
+    async for running in world_of(emulator_kube, "default", tmp_path):
+        await running.start_operator()
+        yield running
+
+
+async def plugin(world: World, *args: str) -> Result:
+    """``kubectl shadowpod ARGS``, as kubectl runs it (its own process' event loop)."""
+    runner = CliRunner()
+    base = ["--kubeconfig", str(world.kube.kubeconfig), "-n", world.namespace]
+    wide = {"COLUMNS": "200"}  # a wide terminal: rich fits tables to its width
+    return await asyncio.to_thread(
+        runner.invoke, kubectl, [*base, *args], env=wide, catch_exceptions=False
+    )
+
+
+async def test_status_migrate_wait_and_history(world: World) -> None:
+    await world.apply(session_manifest("k1"))
+    await world.wait_running("k1", epoch=1)
+
+    shown = await plugin(world, "status")
+    assert shown.exit_code == 0, shown.output
+    assert "k1" in shown.output and "Running" in shown.output and "refagent:v1" in shown.output
+
+    moved = await plugin(
+        world, "migrate", "k1", "--image", "refagent:v2", "--wait", "--timeout", "120"
+    )
+    assert moved.exit_code == 0, moved.output
+    assert "Succeeded" in moved.output
+
+    body = await world.wait_running("k1", epoch=2)
+    assert body["status"]["image"] == "refagent:v2"
+    history = await plugin(world, "history", "k1")
+    assert history.exit_code == 0
+    assert "Succeeded" in history.output and "refagent:v2" in history.output
+
+    hints = await plugin(world, "logs", "k1")
+    assert hints.exit_code == 0
+    assert f"kubectl logs -n default {body['status']['ownerPod']}" in hints.output
+
+
+async def test_unknown_names_exit_2_with_one_line(world: World) -> None:
+    missing = await plugin(world, "migrate", "nope")
+    assert missing.exit_code == 2
+    assert "AgentSession 'nope' not found" in missing.output
+    cancelled = await plugin(world, "cancel", "nope-m1")
+    assert cancelled.exit_code == 2
+    assert "not found" in cancelled.output

@@ -1,0 +1,287 @@
+"""Migrations under the operator: an image bump live under client load (the demo's
+invariants checked on the client's side), a move on demand, a cancel, a target that
+fails, an incompatible state schema, an operator restarted mid-migration, a drain."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shadowpod.engine.record import MigrationRecord
+from shadowpod.kube import names
+from shadowpod.kube.models.v1alpha1 import API_VERSION
+from shadowpod.kube.records import MigrationRecords
+from shadowpod.local.checks import session_checks
+from shadowpod.local.outcome import MigrationOutcome
+from tests.kube.connection import KubeConnection
+from tests.kube.kubelet import Kubelet
+from tests.kube.nodes import cordon, drain
+from tests.kube.operator_world import NAME, Load, World, session_manifest, world_of
+from tests.kube.support import eventually
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+async def world(
+    emulator_kube: KubeConnection, kubelet: Kubelet, tmp_path: Path
+) -> AsyncIterator[World]:
+    async for running in world_of(emulator_kube, "default", tmp_path):
+        await running.start_operator()
+        yield running
+
+
+def manual_migration(name: str, session: str, **target: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentMigration",
+        "metadata": {"name": name},
+        "spec": {"sessionRef": {"name": session}, "target": target},
+    }
+
+
+async def bump(world: World, session: str, image: str) -> str:
+    """Change the session's image; the AgentMigration the operator creates for it."""
+    body = await world.raw.patch(world.path("agentsessions", session), {"spec": {"image": image}})
+    assert body is not None
+    wanted = names.image_migration(session, body["metadata"]["generation"])
+    await eventually(lambda: world.migration(wanted), timeout=30)
+    return wanted
+
+
+def invariants(load: Load, migrations: list[dict[str, Any]]) -> dict[str, str]:
+    """The demo's client-side checks, from the migrations' records: what broke."""
+    outcomes = [
+        MigrationOutcome(record=World.record(m), started=0.0, ended=time.monotonic())
+        for m in migrations
+    ]
+    checks = session_checks(outcomes, load.load, [], name=NAME)
+    wanted = {"lost", "duplicated", "reordered", "one version per reply", "migrations succeeded"}
+    wanted.add("new versions answer with v1's memory")
+    return {c.name: c.detail for c in checks if c.name in wanted and c.measured and not c.ok}
+
+
+async def test_an_image_bump_migrates_live_under_load_with_nothing_lost_or_doubled(
+    world: World,
+) -> None:
+    await world.apply(session_manifest("m1"))
+    body = await world.wait_running("m1", epoch=1)
+    source = body["status"]["ownerPod"]
+    async with Load(world, "m1", rate=20) as load:
+        await eventually(lambda: load.load.replies, timeout=30)
+        migration_name = await bump(world, "m1", "refagent:v2")
+        migration = await world.wait_finished(migration_name)
+        body = await world.wait_running("m1", epoch=2)
+        assert await load.stop(), "some accepted messages were never answered"
+        broken = invariants(load, [migration])
+    assert broken == {}
+
+    status = migration["status"]
+    assert status["result"] == "Succeeded", status.get("message")
+    phases = [p["phase"] for p in status["phases"]]
+    assert phases[:3] == ["Pending", "Preflight", "Snapshotting"]
+    assert {"Restoring", "CatchingUp", "Fencing", "Committed", "Draining"} <= set(phases)
+    assert all(p["durationMilliseconds"] is not None for p in status["phases"][:-1])
+    assert status["fence"]["epoch"] == 2
+    conds = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conds == {"Succeeded": "True", "Failed": "False"}
+
+    # The session runs v2 in the new pod, which is now the owner; the old pod is gone.
+    assert body["status"]["image"] == "refagent:v2"
+    target = body["status"]["ownerPod"]
+    assert target != source and target == status["target"]["pod"]
+    assert body["status"]["lastMigration"]["result"] == "Succeeded"
+    pods = {p["metadata"]["name"]: p for p in await world.pods("m1")}
+    await eventually(lambda: _gone(world, source), timeout=30)
+    assert pods[target]["metadata"]["labels"][names.ROLE_LABEL] == names.OWNER_ROLE
+    reasons = [r for t, r, _ in await world.events("m1") if t == "Normal"]
+    assert "MigrationFencing" in reasons and "MigrationSucceeded" in reasons
+    assert (
+        world.metrics.migrations.labels(result="Succeeded", reason="ImageChange")._value.get() == 1
+    )
+
+
+async def test_a_migration_created_by_hand_moves_the_session_to_the_named_node(
+    world: World, kubelet: Kubelet
+) -> None:
+    await kubelet.add_node("node-2")
+    await world.apply(session_manifest("m2"))
+    body = await world.wait_running("m2", epoch=1)
+    here = body["status"]["nodeName"]
+    there = "node-2" if here == "node-1" else "node-1"
+    await world.apply(manual_migration("move-m2", "m2", nodeName=there))
+    migration = await world.wait_finished("move-m2")
+    assert migration["status"]["result"] == "Succeeded", migration["status"].get("message")
+    body = await world.wait_running("m2", epoch=2)
+    assert body["status"]["nodeName"] == there
+    assert body["status"]["image"] == "refagent:v1"  # same image, another node
+
+
+async def test_a_target_image_that_fails_rolls_back_and_the_session_keeps_serving(
+    world: World,
+) -> None:
+    await world.apply(session_manifest("m3"))
+    body = await world.wait_running("m3", epoch=1)
+    source = body["status"]["ownerPod"]
+    migration_name = await bump(world, "m3", "python:local")  # not an agent: it exits
+    migration = await world.wait_finished(migration_name)
+    status = migration["status"]
+    assert status["result"] == "RolledBack"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Failed"] == "True"
+    body = await world.wait_running("m3", epoch=1)
+    assert body["status"]["ownerPod"] == source and body["status"]["image"] == "refagent:v1"
+
+    async def degraded() -> dict[str, str] | None:
+        conditions = (await world.session("m3"))["status"]["conditions"]
+        found = [c for c in conditions if c["type"] == "Degraded" and c["status"] == "True"]
+        return found[0] if found else None
+
+    condition = await eventually(degraded, timeout=30)
+    assert migration_name in condition["message"]
+    await eventually(lambda: _only(world, "m3", source), timeout=30)  # no shadow left
+
+
+async def test_an_image_that_cannot_read_the_state_fails_as_incompatible(world: World) -> None:
+    # v2 writes state schema 2; v1 reads only 1: moving back is refused by v1 itself.
+    await world.apply(session_manifest("m4", image="refagent:v2"))
+    await world.wait_running("m4", epoch=1)
+    migration_name = await bump(world, "m4", "refagent:v1")
+    migration = await world.wait_finished(migration_name)
+    status = migration["status"]
+    assert status["result"] == "RolledBack"
+    reasons = {c["type"]: c["reason"] for c in status["conditions"]}
+    assert reasons["Failed"] == "IncompatibleStateSchema", status
+    body = await world.wait_running("m4", epoch=1)
+    assert body["status"]["image"] == "refagent:v2"
+
+
+async def test_deleting_a_running_migration_cancels_it_and_the_source_keeps_the_session(
+    world: World,
+) -> None:
+    await world.apply(session_manifest("m5", migration={"catchUpLagThreshold": 0}))
+    body = await world.wait_running("m5", epoch=1)
+    source = body["status"]["ownerPod"]
+    # A shadow that never becomes ready (the image sleeps): the migration waits in Restoring.
+    await world.apply(manual_migration("cancel-m5", "m5", image="sleeper:local"))
+
+    async def restoring() -> bool:
+        found = await world.migration("cancel-m5")
+        return bool(found and (found.get("status") or {}).get("phase") == "Restoring")
+
+    await eventually(restoring, timeout=60)
+    await world.raw.delete(world.path("agentmigrations", "cancel-m5"))
+    await eventually(lambda: _gone_migration(world, "cancel-m5"), timeout=60)
+    body = await world.wait_running("m5", epoch=1)
+    assert body["status"]["ownerPod"] == source
+    await eventually(lambda: _only(world, "m5", source), timeout=30)
+
+
+async def test_an_operator_restarted_mid_migration_finishes_it(world: World) -> None:
+    await world.apply(session_manifest("m6"))
+    await world.wait_running("m6", epoch=1)
+    async with Load(world, "m6", rate=10) as load:
+        migration_name = await bump(world, "m6", "refagent:v2")
+
+        async def catching_up() -> bool:
+            found = await world.migration(migration_name)
+            phase = (found.get("status") or {}).get("phase") if found else None
+            return phase in ("Restoring", "CatchingUp", "Fencing", "Committed")
+
+        await eventually(catching_up, timeout=60)
+        await world.stop_operator()
+        await world.start_operator()
+        migration = await world.wait_finished(migration_name)
+        await world.wait_running("m6", epoch=2)
+        assert await load.stop()
+        broken = invariants(load, [migration])
+    assert broken == {}
+    assert migration["status"]["result"] == "Succeeded"
+    assert World.record(migration).recoveries >= 1
+
+
+async def test_a_cordoned_node_is_drained_after_its_sessions_moved_live(
+    world: World, kubelet: Kubelet
+) -> None:
+    await kubelet.add_node("node-2")
+    await world.apply(session_manifest("m7"))
+    body = await world.wait_running("m7", epoch=1)
+    node, old_owner = body["status"]["nodeName"], body["status"]["ownerPod"]
+    async with world.kube.api() as api:
+        evicted = await drain(api, node, timeout=120)
+    body = await world.wait_running("m7", epoch=2)
+    assert body["status"]["nodeName"] not in (None, node)
+    assert body["status"]["lastMigration"]["reason"] == "NodeDrain"
+    assert body["status"]["lastMigration"]["result"] == "Succeeded"
+    # The owner was never evicted: it moved live, and its old pod was deleted after.
+    assert body["status"]["lastMigration"]["name"].startswith("m7-drain-")
+    assert not any(name == f"default/{old_owner}" for name in evicted)
+    async with world.kube.api() as api:
+        await cordon(api, node, unschedulable=False)
+
+
+async def _gone(world: World, pod: str) -> bool:
+    return await world.raw.get(world.path("pods", pod)) is None
+
+
+async def _gone_migration(world: World, name: str) -> bool:
+    return await world.migration(name) is None
+
+
+async def _only(world: World, session: str, pod: str) -> bool:
+    return [p["metadata"]["name"] for p in await world.pods(session)] == [pod]
+
+
+RESUMABLE = [
+    "Preflight",
+    "Snapshotting",
+    "Restoring",
+    "CatchingUp",
+    "Fencing",
+    "Committed",
+    "Draining",
+]
+
+
+@pytest.mark.parametrize("phase", RESUMABLE)
+async def test_an_operator_that_dies_after_saving_any_phase_is_resumed_by_the_next(
+    world: World, phase: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator stops dead right after it saved ``phase`` (its daemon hangs there
+    until the operator is stopped, as a killed process would); a new one finishes the
+    migration from the record, with nothing lost or answered twice."""
+    saved_at_phase = threading.Event()
+    save = MigrationRecords.save
+
+    async def dies_after(self: MigrationRecords, record: MigrationRecord) -> None:
+        await save(self, record)
+        if record.phase == phase:
+            saved_at_phase.set()
+            await asyncio.sleep(3600)  # cancelled when the operator stops
+
+    await world.apply(session_manifest("r1"))
+    await world.wait_running("r1", epoch=1)
+    async with Load(world, "r1", rate=10) as load:
+        monkeypatch.setattr(MigrationRecords, "save", dies_after)
+        migration_name = await bump(world, "r1", "refagent:v2")
+        assert await asyncio.to_thread(saved_at_phase.wait, 60)
+        await world.stop_operator()
+        monkeypatch.setattr(MigrationRecords, "save", save)
+        await world.start_operator()
+        migration = await world.wait_finished(migration_name)
+        await world.wait_running("r1", epoch=2)
+        assert await load.stop()
+        broken = invariants(load, [migration])
+    assert broken == {}
+    assert migration["status"]["result"] == "Succeeded", migration["status"].get("message")
+    assert World.record(migration).recoveries == 1
+    await eventually(lambda: _count_pods(world, "r1", 1), timeout=30)  # nothing left behind
+
+
+async def _count_pods(world: World, session: str, count: int) -> bool:
+    return len(await world.pods(session)) == count

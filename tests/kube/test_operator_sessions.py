@@ -1,0 +1,169 @@
+"""The operator end to end, on the emulated API with the kubelet fixture running the
+reference agent's pods as processes and a real gateway: an AgentSession comes up,
+bad manifests say what is wrong, a dead owner is replaced, deletion cleans up."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from shadowpod.client.gateway import GatewayClient, GatewayError
+from shadowpod.kube import names
+from tests.kube.connection import KubeConnection
+from tests.kube.kubelet import Kubelet
+from tests.kube.operator_world import World, reply_counts, session_manifest, world_of
+from tests.kube.support import eventually
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+async def world(
+    emulator_kube: KubeConnection, kubelet: Kubelet, tmp_path: Path
+) -> AsyncIterator[World]:
+    async for running in world_of(emulator_kube, "default", tmp_path):
+        await running.start_operator()
+        yield running
+
+
+def condition(body: dict[str, object], kind: str) -> dict[str, str]:
+    status = body.get("status") or {}
+    assert isinstance(status, dict)
+    found = [c for c in status.get("conditions", []) if c["type"] == kind]
+    assert found, f"no {kind} condition in {status}"
+    return dict(found[0])
+
+
+async def test_a_new_session_gets_its_secret_budget_and_owner_pod_and_answers(
+    world: World,
+) -> None:
+    await world.apply(session_manifest("s1"))
+    body = await world.wait_running("s1", epoch=1)
+    status = body["status"]
+    assert status["image"] == "refagent:v1"
+    assert status["observedGeneration"] == body["metadata"]["generation"]
+    assert {c["type"] for c in status["conditions"]} == {"Ready", "Migrating", "Degraded"}
+    assert condition(body, "Degraded")["status"] == "False"
+
+    pods = await world.pods("s1")
+    assert [p["metadata"]["name"] for p in pods] == [status["ownerPod"]]
+    pod = pods[0]
+    assert pod["metadata"]["labels"][names.ROLE_LABEL] == names.OWNER_ROLE
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]
+    secret = await world.raw.get(world.path("secrets", names.token_secret("s1")))
+    assert secret is not None
+    token = base64.b64decode(secret["data"][names.TOKEN_KEY]).decode()
+    budget = await world.raw.get(world.path("poddisruptionbudgets", names.disruption_budget("s1")))
+    assert budget is not None and budget["spec"]["maxUnavailable"] == 0
+
+    # The agent serves with the token in its Secret: a message gets an answer.
+    async with world.client() as client:
+        accepted = await client.post_message(world.gateway_session("s1"), "my name is Ada")
+
+        async def answered() -> bool:
+            return accepted.seq in await reply_counts(client, world.gateway_session("s1"))
+
+        await eventually(answered, timeout=30)
+    async with GatewayClient(world.gateway.url, token) as agent:
+        assert (await agent.journal(world.gateway_session("s1"), after=0))[1] > 0
+
+
+async def test_a_missing_credential_secret_is_a_condition_and_a_warning_not_a_crash(
+    world: World,
+) -> None:
+    manifest = session_manifest(
+        "s2", credentials=[{"name": "mail", "secretRef": {"name": "no-such-secret"}}]
+    )
+    await world.apply(manifest)
+
+    async def degraded() -> dict[str, str] | None:
+        body = await world.session("s2")
+        found = [
+            c for c in (body.get("status") or {}).get("conditions", []) if c["type"] == "Degraded"
+        ]
+        return found[0] if found and found[0]["status"] == "True" else None
+
+    cond = await eventually(degraded, timeout=30)
+    assert cond["reason"] == "SecretNotFound"
+    assert "no-such-secret" in cond["message"] and "create it" in cond["message"]
+    assert ("Warning", "SecretNotFound") in {(t, r) for t, r, _ in await world.events("s2")}
+    assert await world.pods("s2") == []  # nothing started half-configured
+
+    # Fixed by creating the Secret: the session comes up, the condition clears.
+    await world.raw.create(
+        world.path("secrets"),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "no-such-secret"},
+            "data": {"mail": base64.b64encode(b"hunter2").decode()},
+        },
+    )
+    body = await world.wait_running("s2")
+    assert condition(body, "Degraded")["status"] == "False"
+
+
+async def test_an_owner_pod_deleted_outside_a_migration_is_replaced_at_a_new_epoch(
+    world: World,
+) -> None:
+    await world.apply(session_manifest("s3"))
+    body = await world.wait_running("s3", epoch=1)
+    first = body["status"]["ownerPod"]
+    async with world.client() as client:
+        sid = world.gateway_session("s3")
+        before = await client.post_message(sid, "my name is Ada", id="before")
+        await world.raw.delete(world.path("pods", first), grace_s=0)
+        body = await world.wait_running("s3", epoch=2)
+        assert body["status"]["ownerPod"] != first
+        after = await client.post_message(sid, "hello", id="after")
+
+        async def replies() -> dict[int, int] | None:
+            counts = await reply_counts(client, sid)
+            return counts if after.seq in counts and before.seq in counts else None
+
+        counts = await eventually(replies, timeout=60)
+        assert counts[before.seq] == 1 and counts[after.seq] == 1  # answered once each
+    events = await world.events("s3")
+    assert any(t == "Warning" and r == "OwnerReplaced" for t, r, _ in events)
+
+
+async def test_deleting_a_session_removes_its_pods_and_releases_the_finalizer(
+    world: World,
+) -> None:
+    await world.apply(session_manifest("s4", journalRetentionPolicy={"whenDeleted": "Delete"}))
+    await world.wait_running("s4")
+    await world.raw.delete(world.path("agentsessions", "s4"))
+
+    async def gone() -> bool:
+        return await world.raw.get(world.path("agentsessions", "s4")) is None
+
+    await eventually(gone, timeout=60)
+    await eventually(lambda: _no_pods(world, "s4"), timeout=60)
+    async with GatewayClient(world.gateway.url, world.gateway.control_token) as admin:
+        with pytest.raises(GatewayError) as refused:
+            await admin.status(world.gateway_session("s4"))
+    assert refused.value.status == 404  # the journal went with it (whenDeleted: Delete)
+
+
+async def test_deleting_a_session_with_the_gateway_down_does_not_hang(world: World) -> None:
+    await world.apply(session_manifest("s5"))
+    await world.wait_running("s5")
+    await world.gateway.stop(kill=True)
+    await world.raw.delete(world.path("agentsessions", "s5"))
+
+    async def gone() -> bool:
+        return await world.raw.get(world.path("agentsessions", "s5")) is None
+
+    await eventually(gone, timeout=120)
+    warnings = [
+        m for t, r, m in await world.events("s5") if (t, r) == ("Warning", "GatewayUnreachable")
+    ]
+    assert warnings and "remain in the gateway" in warnings[0], warnings
+    await eventually(lambda: _no_pods(world, "s5"), timeout=60)
+
+
+async def _no_pods(world: World, session: str) -> bool:
+    return not await world.pods(session)
