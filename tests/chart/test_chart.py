@@ -295,9 +295,20 @@ def test_rbac_cluster_wide_by_default_without_node_proxy(defaults: Rendered) -> 
     assert grants(cluster, "nodes") == {"get", "list", "watch"}
     assert grants(cluster, "nodes/proxy") == set()
     assert grants(cluster, "customresourcedefinitions") == {"get", "list", "watch"}
-    assert grants(sessions, "pods") == {"get", "list", "watch", "create", "patch", "delete"}
-    assert grants(sessions, "secrets") == {"get", "create", "patch", "delete"}
-    assert grants(sessions, "agentsessions/status") == {"get", "patch", "update"}
+    assert grants(sessions, "pods") == {"get", "list", "create", "patch", "delete"}
+    assert grants(sessions, "secrets") == {"get", "create"}
+    assert grants(sessions, "agentsessions") == {"get", "list", "watch", "patch"}
+    assert grants(sessions, "agentmigrations") == {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "patch",
+        "delete",
+    }
+    assert grants(sessions, "agentsessions/status") == {"get", "patch"}
+    assert grants(sessions, "poddisruptionbudgets") == {"get", "create", "delete"}
+    assert grants(sessions, "events") == {"create"}
     for rule in cluster + sessions:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"]
         assert "*" not in rule["apiGroups"]
