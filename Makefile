@@ -3,13 +3,19 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+HELM_SDKPY_VERSION := 0.1.32
 
 .PHONY: venv bytecode lint typecheck test demo bench image image-test clean
 
-# Re-installs only when pyproject.toml changes; otherwise this is a no-op.
-$(STAMP): pyproject.toml
+# Re-installs only when pyproject.toml (or this file) changes; otherwise a no-op.
+# helm-sdkpy (real Helm, Helm's Go library, for the chart's tests) is not in pyproject:
+# it declares Python >= 3.12 but works on 3.11, which only pip's --ignore-requires-python
+# can say.
+$(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --ignore-requires-python \
+		helm-sdkpy==$(HELM_SDKPY_VERSION)
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -22,8 +28,8 @@ bytecode: $(STAMP)
 	@$(BIN)/python -m compileall -q operator/shadowpod examples >/dev/null
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator tests examples
-	$(BIN)/ruff format --check operator tests examples
+	$(BIN)/ruff check operator tests examples e2e
+	$(BIN)/ruff format --check operator tests examples e2e
 	$(BIN)/lint-imports
 
 typecheck: $(STAMP)

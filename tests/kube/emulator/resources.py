@@ -75,7 +75,9 @@ def _builtin(
         namespaced=namespaced,
         subresources=frozenset(subresources),
         short_names=frozenset(short_names),
-        strategic_merge=group != "apiextensions.k8s.io",
+        # CustomResourceDefinitions too (a compiled-in kind: Helm patches them so); only
+        # custom resources refuse strategic merge patches.
+        strategic_merge=True,
     )
 
 
@@ -131,6 +133,18 @@ BUILTINS: tuple[ServedResource, ...] = (
         "Deployment",
         subresources=["status", "scale"],
         short_names=["deploy"],
+    ),
+    _builtin("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", short_names=["netpol"]),
+    # RBAC (the Helm chart's tests install it; nothing enforces it here).
+    _builtin("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    _builtin("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    _builtin("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False),
+    _builtin(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        namespaced=False,
     ),
     _builtin(
         "apiextensions.k8s.io",

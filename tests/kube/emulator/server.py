@@ -50,6 +50,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     watch_window: int = 100_000  # changes a watch can resume from; older ones get 410 Gone
     bookmark_interval: float = 10.0  # seconds between BOOKMARKs on an idle watch
     keep_requests: bool = True  # kmock's whole request log (off: only the recent ones)
+    kubernetes_version: str = "1.33.0"  # what GET /version reports
 
     _served: dict[tuple[str, str, str], ServedResource] = attrs.field(factory=dict, init=False)
     _by_key: dict[kmock.resource, ServedResource] = attrs.field(factory=dict, init=False)
@@ -204,6 +205,22 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         # Not the stock emulator's: it writes objects before any reaction is consulted.
         # Here a write happens only when no test reaction answered the request instead.
         return await kmock.RawHandler._handle(self, request)
+
+    async def _serve_server_version(self, request: kmock.Request) -> kmock.Payload:
+        # kmock says 1.26; what is emulated here (CEL rules with fieldPath, policy/v1) is
+        # newer, and Helm checks a chart's kubeVersion against this.
+        major, minor, _patch = self.kubernetes_version.split(".")
+        return {
+            "major": major,
+            "minor": minor,
+            "gitVersion": f"v{self.kubernetes_version}",
+            "gitCommit": "0000000000000000000000000000000000000000",
+            "gitTreeState": "clean",
+            "buildDate": "2026-01-01T00:00:00Z",
+            "goVersion": "go1.24.0",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        }
 
     async def _serve_version(self, request: kmock.Request) -> kmock.Payload:
         found: dict[str, Any] = await kmock.KubernetesScaffold._serve_version(self, request)
