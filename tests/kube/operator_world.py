@@ -128,6 +128,18 @@ class World:
         result: dict[str, Any] = await eventually(running, timeout=timeout, every=0.2)
         return result
 
+    async def wait_settled(self, name: str, *, epoch: int, timeout: float = 60) -> dict[str, Any]:
+        """The session Running at ``epoch`` with its last migration's summary written
+        (the migration's end and the session's next status pass come in either order)."""
+
+        async def settled() -> dict[str, Any] | None:
+            body = await self.wait_running(name, epoch=epoch, timeout=timeout)
+            last = (body.get("status") or {}).get("lastMigration") or {}
+            return body if last.get("result") else None
+
+        result: dict[str, Any] = await eventually(settled, timeout=timeout, every=0.2)
+        return result
+
     async def wait_finished(self, name: str, timeout: float = 120) -> dict[str, Any]:
         async def finished() -> dict[str, Any] | None:
             body = await self.migration(name)

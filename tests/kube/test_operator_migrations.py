@@ -77,7 +77,7 @@ async def test_an_image_bump_migrates_live_under_load_with_nothing_lost_or_doubl
         await eventually(lambda: load.load.replies, timeout=30)
         migration_name = await bump(world, "m1", "refagent:v2")
         migration = await world.wait_finished(migration_name)
-        body = await world.wait_running("m1", epoch=2)
+        body = await world.wait_settled("m1", epoch=2)
         assert await load.stop(), "some accepted messages were never answered"
         broken = invariants(load, [migration])
     assert broken == {}
@@ -214,7 +214,7 @@ async def test_a_cordoned_node_is_drained_after_its_sessions_moved_live(
     node, old_owner = body["status"]["nodeName"], body["status"]["ownerPod"]
     async with world.kube.api() as api:
         evicted = await drain(api, node, timeout=120)
-    body = await world.wait_running("m7", epoch=2)
+    body = await world.wait_settled("m7", epoch=2)
     assert body["status"]["nodeName"] not in (None, node)
     assert body["status"]["lastMigration"]["reason"] == "NodeDrain"
     assert body["status"]["lastMigration"]["result"] == "Succeeded"
