@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shadowpod import eventloop
+from shadowpod.bench.chaos import BOUNDARIES, ChaosConfig, run_chaos
 from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 from shadowpod.cli.errors import fail, interrupted
@@ -188,6 +189,106 @@ def _print_migrate(report: dict[str, Any]) -> None:
         facts.add_row(
             f"goal {name}", _against(goal, "[green]reached[/green]", "[yellow]not reached[/yellow]")
         )
+    Console().print(facts)
+    Console().print(f"machine: {_machine(report)}")
+
+
+@bench.command("chaos")
+@click.option(
+    "--migrations", default=ChaosConfig.migrations, show_default=True, type=click.IntRange(min=1)
+)
+@click.option(
+    "--seed",
+    default=ChaosConfig.seed,
+    show_default=True,
+    type=int,
+    help="Draws the victims, phases and moments: a seed gives the same campaign.",
+)
+@click.option(
+    "--rate",
+    default=ChaosConfig.rate,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Client messages per second, shared by the sessions.",
+)
+@click.option(
+    "--sessions",
+    default=ChaosConfig.sessions,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Sessions under load; migrated in turn.",
+)
+@click.option(
+    "--backend",
+    type=click.Choice(["sqlite", "postgres"]),
+    default="sqlite",
+    show_default=True,
+    help="The gateway's journal store.",
+)
+@click.option(
+    "--dsn",
+    default=lambda: os.environ.get("SHADOWPOD_PG", DEFAULT_PG),
+    show_default="$SHADOWPOD_PG or " + DEFAULT_PG,
+    help="PostgreSQL DSN (a throw-away schema is created and dropped).",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where the run's directory is made (default: the system temp dir).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def chaos(
+    migrations: int,
+    seed: int,
+    rate: float,
+    sessions: int,
+    backend: str,
+    dsn: str,
+    workdir: Path | None,
+    as_json: bool,
+) -> None:
+    """Migrations under load while a random component (gateway, source, shadow, the
+    engine) is killed with SIGKILL at a random phase; the invariants after each.
+
+    Exits 1 when an invariant broke: a message lost, duplicated or reordered, a process
+    of a dead instance left running, an instance left that owns no session.
+    """
+    config = ChaosConfig(
+        migrations=migrations,
+        seed=seed,
+        rate=rate,
+        sessions=sessions,
+        journal_url=dsn if backend == "postgres" else None,
+        workdir=workdir,
+    )
+    _run_and_report("crash campaign", run_chaos(config), _print_chaos, as_json, check=True)
+
+
+def _print_chaos(report: dict[str, Any]) -> None:
+    table = Table(
+        title=f"crash campaign — {report['migrations_run']} migrations, {report['backend']}"
+    )
+    table.add_column("victim")
+    for phase in BOUNDARIES:
+        table.add_column(phase.value, justify="right")
+    for victim, phases in report["kills"].items():
+        table.add_row(victim, *(str(phases.get(phase.value, "")) for phase in BOUNDARIES))
+    Console().print(table)
+    facts = Table(show_header=False)
+    facts.add_row(
+        "succeeded / rolled back / failed",
+        f"{report['succeeded']} / {report['rolled_back']} / {report['failed']}",
+    )
+    for name in ("lost", "duplicated", "reordered", "orphans", "leftovers"):
+        facts.add_row(name, str(report[name]))
+    facts.add_row(
+        "engine restarts / owner restarts",
+        f"{report['engine_restarts']} / {report['owner_restarts']}",
+    )
+    facts.add_row("duration", f"{report['duration_s']} s")
+    for name, target in report["targets"].items():
+        facts.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))
     Console().print(facts)
     Console().print(f"machine: {_machine(report)}")
 

@@ -169,12 +169,17 @@ class ClientLoad:
             except (aiohttp.ClientError, TimeoutError, GatewayError):
                 await asyncio.sleep(RETRY_S)
 
-    async def wait_answered(self, timeout_s: float) -> bool:
+    async def wait_answered(self, timeout_s: float, *, sent_before: float | None = None) -> bool:
         """Until every accepted message has a reply, or no reply at all has come for
         ``timeout_s``: a session still working through its backlog is slow, not losing
-        messages, so it is waited for as long as it answers."""
+        messages, so it is waited for as long as it answers. ``sent_before`` (a
+        ``time.monotonic()``): only the messages sent before then, while the load goes on."""
         replies, progress_at = len(self.reply_order), time.monotonic()
-        while self.oldest_wait_s() > 0:
+        while (
+            self.oldest_wait_s() > 0
+            if sent_before is None
+            else self.unanswered(sent_before, accepted_only=False)
+        ):
             if len(self.reply_order) != replies:
                 replies, progress_at = len(self.reply_order), time.monotonic()
             elif time.monotonic() - progress_at > timeout_s:
@@ -192,6 +197,21 @@ class ClientLoad:
         return 0.0
 
     # --- judging ----------------------------------------------------------------------
+
+    def unanswered(self, sent_before: float, *, accepted_only: bool = True) -> list[Sent]:
+        """Messages sent before ``sent_before`` (``time.monotonic()``) with no reply:
+        accepted ones (lost, once the session has answered all it will), or also those
+        still being retried (``accepted_only=False``; given up ones are not owed)."""
+        found = []
+        for message in itertools.islice(self.sent, self._first_open, None):
+            if message.at >= sent_before:
+                break
+            if message.seq is None:
+                if not accepted_only and not message.given_up:
+                    found.append(message)
+            elif message.seq not in self.replies:
+                found.append(message)
+        return found
 
     def answered(self) -> list[tuple[float, float]]:
         """(sent at, seconds to the first reply) for every answered message, in order."""
