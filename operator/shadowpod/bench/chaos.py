@@ -39,7 +39,7 @@ from typing import Any, Final
 
 from shadowpod.bench.machine import LOOP_STEPS, MachineProbe
 from shadowpod.engine.ports import InstanceSpec
-from shadowpod.engine.record import MigrationPolicy, MigrationRecord, Phase
+from shadowpod.engine.record import SHADOW_PHASES, MigrationPolicy, MigrationRecord, Phase
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 from shadowpod.local.figures import combine, summarise
 from shadowpod.local.orphans import Leftover, kill_tagged, still_running
@@ -48,15 +48,7 @@ from shadowpod.local.runtime_service import RuntimeService
 from shadowpod.local.scenario import LiveScenario, LiveSession, ScenarioReport
 
 VICTIMS: Final = ("gateway", "source", "shadow", "engine")
-BOUNDARIES: Final = (
-    Phase.PREFLIGHT,
-    Phase.SNAPSHOTTING,
-    Phase.RESTORING,
-    Phase.CATCHING_UP,
-    Phase.FENCING,
-    Phase.COMMITTED,
-    Phase.DRAINING,
-)
+BOUNDARIES: Final = SHADOW_PHASES
 # Where each victim can be struck: the shadow exists once Restoring has started it.
 PHASES: Final = {
     "gateway": BOUNDARIES,

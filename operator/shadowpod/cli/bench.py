@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -20,6 +20,7 @@ from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 from shadowpod.cli.errors import fail, interrupted
 
+F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_PG = "postgresql://127.0.0.1:5432/test"
 
 
@@ -28,26 +29,37 @@ def bench() -> None:
     """Measure Shadowpod on this machine."""
 
 
-@bench.command("journal")
-@click.option(
-    "--backend",
-    type=click.Choice(["sqlite", "postgres"]),
-    default="sqlite",
-    show_default=True,
-    help="Journal store to measure.",
-)
-@click.option(
+def _backend(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "--backend",
+        type=click.Choice(["sqlite", "postgres"]),
+        default="sqlite",
+        show_default=True,
+        help=help_text,
+    )
+
+
+_dsn = click.option(
     "--dsn",
     default=lambda: os.environ.get("SHADOWPOD_PG", DEFAULT_PG),
     show_default="$SHADOWPOD_PG or " + DEFAULT_PG,
     help="PostgreSQL DSN (a throw-away schema is created and dropped).",
 )
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where SQLite databases are created (default: the system temp dir).",
-)
+
+
+def _workdir(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "--workdir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help=help_text,
+    )
+
+
+@bench.command("journal")
+@_backend("Journal store to measure.")
+@_dsn
+@_workdir("Where SQLite databases are created (default: the system temp dir).")
 @click.option("--quick", is_flag=True, help="Tiny sizes: checks that it runs, figures mean little.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
@@ -218,25 +230,9 @@ def _print_migrate(report: dict[str, Any]) -> None:
     type=click.IntRange(min=1),
     help="Sessions under load; migrated in turn.",
 )
-@click.option(
-    "--backend",
-    type=click.Choice(["sqlite", "postgres"]),
-    default="sqlite",
-    show_default=True,
-    help="The gateway's journal store.",
-)
-@click.option(
-    "--dsn",
-    default=lambda: os.environ.get("SHADOWPOD_PG", DEFAULT_PG),
-    show_default="$SHADOWPOD_PG or " + DEFAULT_PG,
-    help="PostgreSQL DSN (a throw-away schema is created and dropped).",
-)
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where the run's directory is made (default: the system temp dir).",
-)
+@_backend("The gateway's journal store.")
+@_dsn
+@_workdir("Where the run's directory is made (default: the system temp dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def chaos(
     migrations: int,
