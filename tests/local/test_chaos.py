@@ -11,8 +11,17 @@ import sys
 import uuid
 from pathlib import Path
 
-from shadowpod.bench.chaos import PHASES, VICTIMS, ChaosConfig, plan_strikes, run_chaos
+from shadowpod.bench.chaos import (
+    INVARIANTS,
+    PHASES,
+    VICTIMS,
+    ChaosConfig,
+    broken_invariants,
+    plan_strikes,
+    run_chaos,
+)
 from shadowpod.engine.record import Phase
+from shadowpod.local.checks import Check
 from shadowpod.local.orphans import TAG_ENV, still_running
 
 # Seed 23 strikes, at the boundary each: the shadow at Committed (a new owner that
@@ -98,3 +107,14 @@ def test_a_process_left_in_a_dead_instance_s_group_or_with_its_tag_is_found() ->
         leader.stdout.close()
         for pid in children:
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_campaign_fails_on_any_count_or_failed_check_but_not_on_a_rollback() -> None:
+    clean = dict.fromkeys(INVARIANTS, 0)
+    rolled_back = Check("migrations succeeded", False, "3 of 4 succeeded")
+    drained = Check("sources drained", True, "4 of 4")
+    assert broken_invariants(clean, [rolled_back, drained]) == []
+    for name in INVARIANTS:
+        assert broken_invariants({**clean, name: 1}, [drained]) == [name]
+    late = Check("no write of a fenced epoch after its fence", False, "1 write")
+    assert broken_invariants(clean, [rolled_back, late]) == [late.name]

@@ -41,6 +41,7 @@ from shadowpod.bench.machine import LOOP_STEPS, MachineProbe
 from shadowpod.engine.ports import InstanceSpec
 from shadowpod.engine.record import SHADOW_PHASES, MigrationPolicy, MigrationRecord, Phase
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
+from shadowpod.local.checks import Check
 from shadowpod.local.figures import combine, summarise
 from shadowpod.local.orphans import Leftover, kill_tagged, still_running
 from shadowpod.local.runtime import LocalInstance
@@ -421,6 +422,14 @@ def _journal(url: str | None) -> tuple[str | None, Callable[[], Awaitable[None]]
 INVARIANTS: Final = ("lost", "duplicated", "reordered", "orphans", "leftovers")
 
 
+def broken_invariants(totals: dict[str, int], checks: list[Check]) -> list[str]:
+    """What broke: an invariant with a count (see ``INVARIANTS``), or a check of the live
+    scenario that failed. Under chaos a migration may roll back: that is the engine
+    doing its job, not a broken invariant ("migrations succeeded" is left out)."""
+    failed = [c.name for c in checks if not c.ok and c.name != "migrations succeeded"]
+    return [name for name in INVARIANTS if totals[name]] + failed
+
+
 def _report(
     config: ChaosConfig,
     migrations: list[dict[str, Any]],
@@ -444,10 +453,7 @@ def _report(
         "orphans": sum(len(m["orphans"]) for m in migrations),
         "leftovers": sum(len(m["leftovers"]) for m in migrations),
     }
-    # Under chaos a migration may roll back: that is the engine doing its job, not a
-    # broken invariant. Every other check of the live scenario must hold.
-    checks = [c for c in final.checks if c.name != "migrations succeeded"]
-    broken = [name for name in INVARIANTS if totals[name]] + [c.name for c in checks if not c.ok]
+    broken = broken_invariants(totals, final.checks)
     return {
         "benchmark": "chaos",
         "seed": config.seed,
