@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -20,8 +21,10 @@ from shadowpod.bench.chaos import (
     plan_strikes,
     run_chaos,
 )
+from shadowpod.client.gateway import GatewayClient
 from shadowpod.engine.record import Phase
 from shadowpod.local.checks import Check
+from shadowpod.local.load import ClientLoad, Reply, Sent
 from shadowpod.local.orphans import TAG_ENV, still_running
 
 # Seed 23 strikes, at the boundary each: the shadow at Committed (a new owner that
@@ -118,3 +121,23 @@ def test_a_campaign_fails_on_any_count_or_failed_check_but_not_on_a_rollback() -
         assert broken_invariants({**clean, name: 1}, [drained]) == [name]
     late = Check("no write of a fenced epoch after its fence", False, "1 write")
     assert broken_invariants(clean, [rolled_back, late]) == [late.name]
+
+
+async def test_a_lost_message_is_not_waited_for_while_newer_ones_are_answered() -> None:
+    load = ClientLoad(GatewayClient("http://127.0.0.1:9"), "s", rate=10)
+    load.sent.append(Sent(n=0, id="lost", at=time.monotonic(), seq=1))  # never answered
+    cutoff = time.monotonic()
+
+    async def newer_answered() -> None:
+        for n in range(1, 1000):
+            load.sent.append(Sent(n=n, id=f"m{n}", at=time.monotonic(), seq=n + 1))
+            load.replies[n + 1] = [Reply(n + 1, n + 1000, "ok", "1", time.monotonic())]
+            load.reply_order.append(n + 1)
+            await asyncio.sleep(0.02)
+
+    answering = asyncio.create_task(newer_answered())
+    try:
+        assert not await asyncio.wait_for(load.wait_answered(0.3, sent_before=cutoff), 5.0)
+    finally:
+        answering.cancel()
+    assert [s.id for s in load.unanswered(cutoff)] == ["lost"]

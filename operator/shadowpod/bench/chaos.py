@@ -359,7 +359,10 @@ async def _migrate_once(
     }
 
 
-async def run_chaos(config: ChaosConfig) -> dict[str, Any]:
+async def run_chaos(
+    config: ChaosConfig, progress: Callable[[dict[str, Any]], None] | None = None
+) -> dict[str, Any]:
+    """The campaign; ``progress`` is given each migration's entry as it ends."""
     machine = MachineProbe(loop_steps=config.loop_steps)
     machine.start()
     began = time.monotonic()
@@ -385,9 +388,12 @@ async def run_chaos(config: ChaosConfig) -> dict[str, Any]:
                 tally = Tally()
                 for n, strike in enumerate(strikes):
                     live = scenario.sessions[names[n % len(names)]]
-                    migrations.append(
-                        await _migrate_once(scenario, socket, strike, live, tally, config.settle_s)
+                    entry = await _migrate_once(
+                        scenario, socket, strike, live, tally, config.settle_s
                     )
+                    migrations.append({"n": n, **entry})
+                    if progress is not None:
+                        progress(migrations[-1])
                     await asyncio.sleep(config.gap_s)
                 final = await scenario.finish(drain_timeout_s=config.settle_s)
             finally:

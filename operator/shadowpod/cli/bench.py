@@ -258,7 +258,17 @@ def chaos(
         journal_url=dsn if backend == "postgres" else None,
         workdir=workdir,
     )
-    _run_and_report("crash campaign", run_chaos(config), _print_chaos, as_json, check=True)
+    _run_and_report(
+        "crash campaign", run_chaos(config, _chaos_progress), _print_chaos, as_json, check=True
+    )
+
+
+def _chaos_progress(entry: dict[str, Any]) -> None:
+    """One line per migration on stderr, as it ends: a long run can be followed."""
+    keys = ("n", "victim", "phase", "delay_ms", "result", "lost", "duplicated", "reordered")
+    line = {key: entry[key] for key in keys}
+    line |= {"orphans": len(entry["orphans"]), "leftovers": len(entry["leftovers"])}
+    click.echo(json.dumps(line | {"seconds": entry["seconds"]}), err=True)
 
 
 def _print_chaos(report: dict[str, Any]) -> None:
