@@ -84,6 +84,10 @@ class ChaosConfig:
     loop_steps: int = LOOP_STEPS
 
 
+class ChaosAborted(RuntimeError):
+    """The campaign could not go on (not a broken invariant: a failure to run it)."""
+
+
 @dataclass(frozen=True)
 class Strike:
     victim: str
@@ -244,7 +248,7 @@ async def _restart_dead_owners(scenario: LiveScenario, record: MigrationRecord) 
     known.update((live.owner.name, live.owner) for live in scenario.sessions.values())
     restarted = []
     for live in scenario.sessions.values():
-        ownership = await dep.admin.ownership(live.name)
+        ownership = await dep.control.ownership(live.name)  # asked again if it is away
         owner = known.get(ownership.owner or "")
         if owner is None:
             raise RuntimeError(f"session {live.name!r} is owned by {ownership.owner!r}, unknown")
@@ -398,9 +402,16 @@ async def run_chaos(
                 final = await scenario.finish(drain_timeout_s=config.settle_s)
             finally:
                 await service.close()
+    except Exception as exc:
+        # What went wrong is in the logs of the gateway, the engine and the instances.
+        what = str(exc) or type(exc).__name__
+        raise ChaosAborted(
+            f"{what}, in migration {len(migrations)}; its logs are kept in {workdir}"
+        ) from exc
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
     finally:
         await drop()
-        shutil.rmtree(workdir, ignore_errors=True)
     return _report(config, migrations, final, time.monotonic() - began, machine)
 
 

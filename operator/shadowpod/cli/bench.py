@@ -333,7 +333,7 @@ def _run_and_report(
     except KeyboardInterrupt:
         interrupted()
     except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
-        fail(f"the {what} benchmark could not run: {exc}", 2)
+        fail(f"the {what} benchmark could not run: {str(exc) or type(exc).__name__}", 2)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

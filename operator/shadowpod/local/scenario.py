@@ -232,7 +232,7 @@ class LiveScenario:
             live.owner = record.spec.target
         elif record.phase is Phase.FAILED:
             # Failed after the bump, the target may own the session: follow the truth.
-            ownership = await self.deployment.admin.ownership(live.name)
+            ownership = await self.deployment.control.ownership(live.name)
             if ownership.owner == record.spec.target.name:
                 live.owner = record.spec.target
         outcome = MigrationOutcome(
