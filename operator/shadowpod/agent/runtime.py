@@ -170,12 +170,15 @@ class AgentRuntime(OwnerLoop):
         while True:
             try:
                 return await step()
-            except GatewayError as exc:
-                if permanent(exc):
-                    raise
-                failures = await self._backoff(failures, exc)
-            except TRANSIENT as exc:
-                failures = await self._backoff(failures, exc)
+            except (GatewayError, *TRANSIENT) as exc:
+                failures = await self._unless_permanent(failures, exc)
+
+    async def _unless_permanent(self, failures: int, exc: Exception) -> int:
+        """Back off before the gateway is asked again (see ``_backoff``); an answer that
+        can never change (``permanent``) is raised instead."""
+        if isinstance(exc, GatewayError) and permanent(exc):
+            raise exc
+        return await self._backoff(failures, exc)
 
     # --- shadow -----------------------------------------------------------------------
 
@@ -190,12 +193,8 @@ class AgentRuntime(OwnerLoop):
                     failures = 0
                     if self.promotion is not None:
                         break
-            except GatewayError as exc:
-                if permanent(exc):
-                    raise
-                failures = await self._backoff(failures, exc)
-            except TRANSIENT as exc:
-                failures = await self._backoff(failures, exc)
+            except (GatewayError, *TRANSIENT) as exc:
+                failures = await self._unless_permanent(failures, exc)
         if self.promotion is not None:
             self.epoch = self.promotion.epoch
             logger.info(
