@@ -9,19 +9,11 @@ import pytest
 from shadowpod.domain.ownership import FenceState
 from shadowpod.engine.engine import MigrationEngine
 from shadowpod.engine.ports import FenceOutcomeUnknown
-from shadowpod.engine.record import MigrationRecord, Phase
+from shadowpod.engine.record import SHADOW_PHASES, MigrationRecord, Phase
 from shadowpod.local.scenario import SESSION, LiveScenario
 from tests.engine.conftest import EngineCrashed, HookedRecords, hooked_engine
 
-BOUNDARIES = [
-    Phase.PREFLIGHT,
-    Phase.SNAPSHOTTING,
-    Phase.RESTORING,
-    Phase.CATCHING_UP,
-    Phase.FENCING,
-    Phase.COMMITTED,
-    Phase.DRAINING,
-]
+BOUNDARIES = list(SHADOW_PHASES)
 
 
 async def _crash(record: MigrationRecord) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from shadowpod.engine.record import InstanceRef, MigrationPolicy, Phase
 from shadowpod.local.deployment import LocalDeployment
+from shadowpod.local.exits import exit_reason
 from shadowpod.local.images import ImageMap, examples_dir
 
 REFAGENT = "{examples}/01-reference-agent/refagent.py"
@@ -142,3 +143,14 @@ def test_an_unwritable_termination_log_does_not_change_how_the_agent_ends(
     assert result.stderr.strip() == (
         "error: SHADOWPOD_IDENTITY_DIR is not set: point it at the agent's identity files"
     )
+
+
+def test_an_instance_ended_by_a_signal_is_said_killed_not_explained_by_its_last_log_line(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "agent.log"
+    log.write_text('{"level":"info","msg":"serving as owner"}\n')
+    assert exit_reason(-9, log) == "was killed by SIGKILL"
+    assert exit_reason(-15, log) == "was killed by SIGTERM"
+    # An exit of its own is still explained by its log when it wrote no reason.
+    assert exit_reason(1, log) == 'exited with code 1: {"level":"info","msg":"serving as owner"}'

@@ -24,8 +24,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
-from typing import Final, Literal
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, Literal, TypeVar
 
 from shadowpod.agent.appends import AppendLimits, WriteRefused, permanent
 from shadowpod.agent.declaration import AgentDeclaration
@@ -48,6 +48,7 @@ from shadowpod.domain.reducer import StateFolder
 from shadowpod.domain.state import SessionState
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 BACKOFF_S: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 
 Mode = Literal["starting", "shadow", "owner", "draining", "stopped", "failed"]
@@ -149,12 +150,35 @@ class AgentRuntime(OwnerLoop):
     # --- restoring and catching up ----------------------------------------------------
 
     async def _restore(self) -> None:
-        state = await restore(self.client, self.session, self.agent, self.settings.snapshot)
+        state = await self._retried(
+            lambda: restore(self.client, self.session, self.agent, self.settings.snapshot)
+        )
         self.folder = StateFolder(state)
         logger.info("restored", extra={"session": self.session, "watermark": state.watermark})
 
     async def _catch_up(self) -> None:
-        self.catchup = await catch_up(self.client, self.session, self.folder.watermark, self._apply)
+        # Asked again from where the last attempt got to: what it applied stays applied.
+        self.catchup = await self._retried(
+            lambda: catch_up(self.client, self.session, self.folder.watermark, self._apply)
+        )
+
+    async def _retried(self, step: Callable[[], Awaitable[T]]) -> T:
+        """``step()``, asked again while the gateway cannot be reached or answers that
+        it cannot serve now (a gateway restarting as an instance starts): an instance
+        that gave up then would fail a migration the gateway's return lets finish."""
+        failures = 0
+        while True:
+            try:
+                return await step()
+            except (GatewayError, *TRANSIENT) as exc:
+                failures = await self._unless_permanent(failures, exc)
+
+    async def _unless_permanent(self, failures: int, exc: Exception) -> int:
+        """Back off before the gateway is asked again (see ``_backoff``); an answer that
+        can never change (``permanent``) is raised instead."""
+        if isinstance(exc, GatewayError) and permanent(exc):
+            raise exc
+        return await self._backoff(failures, exc)
 
     # --- shadow -----------------------------------------------------------------------
 
@@ -169,12 +193,8 @@ class AgentRuntime(OwnerLoop):
                     failures = 0
                     if self.promotion is not None:
                         break
-            except GatewayError as exc:
-                if permanent(exc):
-                    raise
-                failures = await self._backoff(failures, exc)
-            except TRANSIENT as exc:
-                failures = await self._backoff(failures, exc)
+            except (GatewayError, *TRANSIENT) as exc:
+                failures = await self._unless_permanent(failures, exc)
         if self.promotion is not None:
             self.epoch = self.promotion.epoch
             logger.info(

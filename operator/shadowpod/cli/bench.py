@@ -8,17 +8,19 @@ import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from shadowpod import eventloop
+from shadowpod.bench.chaos import BOUNDARIES, ChaosConfig, run_chaos
 from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 from shadowpod.cli.errors import fail, interrupted
 
+F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_PG = "postgresql://127.0.0.1:5432/test"
 
 
@@ -27,26 +29,37 @@ def bench() -> None:
     """Measure Shadowpod on this machine."""
 
 
-@bench.command("journal")
-@click.option(
-    "--backend",
-    type=click.Choice(["sqlite", "postgres"]),
-    default="sqlite",
-    show_default=True,
-    help="Journal store to measure.",
-)
-@click.option(
+def _backend(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "--backend",
+        type=click.Choice(["sqlite", "postgres"]),
+        default="sqlite",
+        show_default=True,
+        help=help_text,
+    )
+
+
+_dsn = click.option(
     "--dsn",
     default=lambda: os.environ.get("SHADOWPOD_PG", DEFAULT_PG),
     show_default="$SHADOWPOD_PG or " + DEFAULT_PG,
     help="PostgreSQL DSN (a throw-away schema is created and dropped).",
 )
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where SQLite databases are created (default: the system temp dir).",
-)
+
+
+def _workdir(help_text: str) -> Callable[[F], F]:
+    return click.option(
+        "--workdir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help=help_text,
+    )
+
+
+@bench.command("journal")
+@_backend("Journal store to measure.")
+@_dsn
+@_workdir("Where SQLite databases are created (default: the system temp dir).")
 @click.option("--quick", is_flag=True, help="Tiny sizes: checks that it runs, figures mean little.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
@@ -192,6 +205,100 @@ def _print_migrate(report: dict[str, Any]) -> None:
     Console().print(f"machine: {_machine(report)}")
 
 
+@bench.command("chaos")
+@click.option(
+    "--migrations", default=ChaosConfig.migrations, show_default=True, type=click.IntRange(min=1)
+)
+@click.option(
+    "--seed",
+    default=ChaosConfig.seed,
+    show_default=True,
+    type=int,
+    help="Draws the victims, phases and moments: a seed gives the same campaign.",
+)
+@click.option(
+    "--rate",
+    default=ChaosConfig.rate,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="Client messages per second, shared by the sessions.",
+)
+@click.option(
+    "--sessions",
+    default=ChaosConfig.sessions,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Sessions under load; migrated in turn.",
+)
+@_backend("The gateway's journal store.")
+@_dsn
+@_workdir("Where the run's directory is made (default: the system temp dir).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def chaos(
+    migrations: int,
+    seed: int,
+    rate: float,
+    sessions: int,
+    backend: str,
+    dsn: str,
+    workdir: Path | None,
+    as_json: bool,
+) -> None:
+    """Migrations under load while a random component (gateway, source, shadow, the
+    engine) is killed with SIGKILL at a random phase; the invariants after each.
+
+    Exits 1 when an invariant broke: a message lost, duplicated or reordered, a process
+    of a dead instance left running, an instance left that owns no session.
+    """
+    config = ChaosConfig(
+        migrations=migrations,
+        seed=seed,
+        rate=rate,
+        sessions=sessions,
+        journal_url=dsn if backend == "postgres" else None,
+        workdir=workdir,
+    )
+    _run_and_report(
+        "crash campaign", run_chaos(config, _chaos_progress), _print_chaos, as_json, check=True
+    )
+
+
+def _chaos_progress(entry: dict[str, Any]) -> None:
+    """One line per migration on stderr, as it ends: a long run can be followed."""
+    keys = ("n", "victim", "phase", "delay_ms", "result", "lost", "duplicated", "reordered")
+    line = {key: entry[key] for key in keys}
+    line |= {"orphans": len(entry["orphans"]), "leftovers": len(entry["leftovers"])}
+    click.echo(json.dumps(line | {"seconds": entry["seconds"]}), err=True)
+
+
+def _print_chaos(report: dict[str, Any]) -> None:
+    table = Table(
+        title=f"crash campaign — {report['migrations_run']} migrations, {report['backend']}"
+    )
+    table.add_column("victim")
+    for phase in BOUNDARIES:
+        table.add_column(phase.value, justify="right")
+    for victim, phases in report["kills"].items():
+        table.add_row(victim, *(str(phases.get(phase.value, "")) for phase in BOUNDARIES))
+    Console().print(table)
+    facts = Table(show_header=False)
+    facts.add_row(
+        "succeeded / rolled back / failed",
+        f"{report['succeeded']} / {report['rolled_back']} / {report['failed']}",
+    )
+    for name in ("lost", "duplicated", "reordered", "orphans", "leftovers"):
+        facts.add_row(name, str(report[name]))
+    facts.add_row(
+        "engine restarts / owner restarts",
+        f"{report['engine_restarts']} / {report['owner_restarts']}",
+    )
+    facts.add_row("duration", f"{report['duration_s']} s")
+    for name, target in report["targets"].items():
+        facts.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))
+    Console().print(facts)
+    Console().print(f"machine: {_machine(report)}")
+
+
 def _against(target: dict[str, Any], met: str, missed: str) -> str:
     """A figure against its target; ``met`` is ``None`` when the run had no sample."""
     if target["met"] is None:
@@ -285,7 +392,7 @@ def _run_and_report(
     except KeyboardInterrupt:
         interrupted()
     except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why, briefly
-        fail(f"the {what} benchmark could not run: {exc}", 2)
+        fail(f"the {what} benchmark could not run: {str(exc) or type(exc).__name__}", 2)
     if as_json:
         click.echo(json.dumps(report, indent=2))
     else:

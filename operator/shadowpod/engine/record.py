@@ -30,6 +30,16 @@ class Phase(StrEnum):
     STOPPING = "Stopping"
 
 
+# The phases a shadow migration that succeeds goes through, in order (after Pending).
+SHADOW_PHASES: Final = (
+    Phase.PREFLIGHT,
+    Phase.SNAPSHOTTING,
+    Phase.RESTORING,
+    Phase.CATCHING_UP,
+    Phase.FENCING,
+    Phase.COMMITTED,
+    Phase.DRAINING,
+)
 TERMINAL: Final = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED})
 # Phases after which the new epoch may exist: from here on there is no rolling back.
 COMMITTED_PHASES: Final = frozenset({Phase.COMMITTED, Phase.DRAINING, Phase.SUCCEEDED})

@@ -9,6 +9,7 @@ Kubernetes' ``terminationMessagePolicy: FallbackToLogsOnError``.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 from typing import Final
 
@@ -19,7 +20,15 @@ LOG_TAIL_BYTES: Final = 1024
 
 
 def exit_reason(code: int, log: Path) -> str:
-    """``exited with code N``, and the reason the instance whose log is ``log`` gave."""
+    """``exited with code N``, and the reason the instance whose log is ``log`` gave;
+    ``was killed by SIGNAL`` when a signal ended it (its log's last line is then only
+    what it was doing, not why it ended)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name}"
     reason = f"exited with code {code}"
     message = read_termination_message(log.parent / TERMINATION_LOG)
     if message is None and code:

@@ -78,7 +78,9 @@ class GatewayProcess:
                     raise RuntimeError(
                         f"the gateway {exit_reason(self.process.returncode, self.log)}"
                     )
-                with contextlib.suppress(aiohttp.ClientError):
+                # A gateway slow to answer (starting on a busy machine) is asked again:
+                # the probe's own timeout is not its failure.
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with http.get(
                         f"{self.url}/readyz", timeout=aiohttp.ClientTimeout(total=1)
                     ) as response:

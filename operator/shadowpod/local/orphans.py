@@ -81,6 +81,16 @@ def kill_tagged(tag: str) -> list[Leftover]:
     return sorted(killed.values(), key=lambda left: left.pid)
 
 
+def still_running(tag: str, group: int) -> list[Leftover]:
+    """Processes of a dead instance still there: any carrying its ``tag``, and any left
+    in its process ``group`` (the group its first process led). Zombies do not count:
+    they run nothing, and their parent reaps them."""
+    found = [
+        pid for pid in _pids() if (_tagged(pid, tag) or _group(pid) == group) and not _zombie(pid)
+    ]
+    return [Leftover(pid, _command(pid)) for pid in sorted(found)]
+
+
 def drain_report(
     instance: str, inventory: ProcessInventory | None, exit_code: int
 ) -> DrainReport | None:
@@ -115,13 +125,9 @@ def descendants(root: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+        fields = _stat_fields(int(entry.name))
+        if fields:
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -140,6 +146,26 @@ def _tagged(pid: int, tag: str) -> bool:
     except OSError:  # gone, or another user's
         return False
     return f"{TAG_ENV}={tag}".encode() in environ.split(b"\0")
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after "pid (comm)": state, ppid, pgrp, ...
+    (comm may hold spaces and parentheses); none for a process that is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return stat[stat.rindex(")") + 2 :].split()
+
+
+def _group(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[2]) if fields else None
+
+
+def _zombie(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return not fields or fields[0] == "Z"
 
 
 def _command(pid: int) -> str:

@@ -127,6 +127,10 @@ class LocalRuntime:
     def instance(self, name: str) -> LocalInstance | None:
         return self._instances.get(name)
 
+    def instances(self) -> list[LocalInstance]:
+        """Every instance started here, running or ended (the last of each name)."""
+        return list(self._instances.values())
+
     def spare(self, image: str) -> WarmSpare | None:
         """The warm spare waiting to become the next instance of ``image``, if any."""
         return self._spares.get(image)

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from shadowpod.agent.snapshots import state_digest
 from shadowpod.api.models import ScheduleSpec
@@ -30,7 +30,6 @@ from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry
 from shadowpod.domain.reducer import StateFolder
 from shadowpod.domain.state import SessionState
-from shadowpod.engine.engine import MigrationEngine
 from shadowpod.engine.record import (
     InstanceRef,
     MigrationPolicy,
@@ -50,6 +49,12 @@ NAME: Final = "Ada"
 CREDENTIAL: Final = "weather-api"
 # A migration's window opens a little before it: messages sent just before may wait on it.
 WINDOW_LEAD_S: Final = 0.05
+
+
+class Engine(Protocol):
+    """What runs a migration: ``MigrationEngine``, or one in a process of its own."""
+
+    async def run(self, record: MigrationRecord) -> MigrationRecord: ...
 
 
 @dataclass
@@ -92,6 +97,7 @@ class LiveScenario:
         policy: MigrationPolicy | None = None,
         on_phase: Callable[[MigrationRecord], None] | None = None,
         warm_spares: bool = False,
+        journal_url: str | None = None,
     ) -> None:
         if sessions < 1:
             raise ValueError("a scenario needs at least one session")
@@ -99,7 +105,10 @@ class LiveScenario:
         self.rate = rate
         self.session_count = sessions
         self.deployment = LocalDeployment(
-            workdir, images or reference_images(heartbeat_s), warm_spares=warm_spares
+            workdir,
+            images or reference_images(heartbeat_s),
+            warm_spares=warm_spares,
+            journal_url=journal_url,
         )
         self.policy = policy or MigrationPolicy()
         self.on_phase = on_phase
@@ -201,7 +210,7 @@ class LiveScenario:
         return await self.run_migration(self.plan(target_image, strategy=strategy, session=session))
 
     async def run_migration(
-        self, record: MigrationRecord, engine: MigrationEngine | None = None
+        self, record: MigrationRecord, engine: Engine | None = None
     ) -> MigrationOutcome:
         """Run (or resume) ``record`` with ``engine`` (the deployment's by default)."""
         engine = engine or self.deployment.engine
@@ -223,7 +232,7 @@ class LiveScenario:
             live.owner = record.spec.target
         elif record.phase is Phase.FAILED:
             # Failed after the bump, the target may own the session: follow the truth.
-            ownership = await self.deployment.admin.ownership(live.name)
+            ownership = await self.deployment.control.ownership(live.name)
             if ownership.owner == record.spec.target.name:
                 live.owner = record.spec.target
         outcome = MigrationOutcome(
