@@ -91,7 +91,11 @@ class PodWorker:
     async def kill(self) -> None:
         """Everything of this pod dies now (node loss, teardown); nothing is reported."""
         if self._task is not None:
-            self._task.cancel()
+            # Asked until it is done: on Python 3.11 a cancel that lands as the
+            # wait_for inside completes can be lost, and the loop would go on.
+            while not self._task.done():
+                self._task.cancel()
+                await asyncio.wait({self._task}, timeout=1.0)
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for run in self.containers.values():
