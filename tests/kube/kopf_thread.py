@@ -99,5 +99,14 @@ class OperatorThread:
             self.error = exc
             self._ready.set()
         finally:
+            # What Kopf left running (a handler it gave up waiting for) is cancelled and
+            # awaited here, so that its connections close before the loop does.
+            loop.run_until_complete(_cancel(asyncio.all_tasks(loop)))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
+
+
+async def _cancel(tasks: set[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
