@@ -102,6 +102,8 @@ class OperatorThread:
             # What Kopf left running (a handler it gave up waiting for) is cancelled and
             # awaited here, so that its connections close before the loop does.
             loop.run_until_complete(_cancel(asyncio.all_tasks(loop)))
+            # Closed connections close their sockets on a later turn of the loop.
+            loop.run_until_complete(asyncio.sleep(0.25))
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
