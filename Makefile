@@ -36,8 +36,14 @@ typecheck: $(STAMP)
 	$(BIN)/mypy operator/shadowpod
 	$(BIN)/mypy examples/01-reference-agent
 
+# The operator's tests (tests/kube) run in a pytest process of their own: their Kopf
+# threads and emulators must not be collected, or still be winding down, during the
+# memory- and timing-sensitive tests of other rooms. A connection one of their Kopf
+# threads leaves open is reported when collected, not failed (docs/known-limits.md).
 test: lint typecheck bytecode
-	$(BIN)/pytest
+	$(BIN)/pytest --ignore=tests/kube
+	$(BIN)/pytest tests/kube -W "ignore:Unclosed connector:ResourceWarning" \
+		-W "ignore:Unclosed client session:ResourceWarning"
 
 # A live migration of an agent session under load, on this machine (no cluster).
 demo: bytecode
