@@ -25,6 +25,7 @@ from shadowpod.local.images import ImageMap, reference_images
 from tests.kube.connection import KubeConnection, no_real_cluster_reason, real_cluster_kubeconfig
 from tests.kube.emulator import ApiServerEmulator
 from tests.kube.kubelet import Kubelet
+from tests.kube.operator_world import World, world_of
 from tests.kube.support import Widgets, ensure_widget_crd
 
 TEST_CRDS = Path(__file__).parent / "crds"
@@ -109,4 +110,15 @@ async def kubelet(emulator_kube: KubeConnection, tmp_path: Path) -> AsyncIterato
         Kubelet(api_client, local_images(), tmp_path / "kubelet") as running,
     ):
         await running.add_node("node-1")
+        yield running
+
+
+@pytest.fixture
+async def world(
+    emulator_kube: KubeConnection, kubelet: Kubelet, tmp_path: Path
+) -> AsyncIterator[World]:
+    """The operator running in a Kopf thread against the emulator, the kubelet and a
+    real gateway, serving namespace ``default``."""
+    async for running in world_of(emulator_kube, "default", tmp_path):
+        await running.start_operator()
         yield running

@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
 
 from shadowpod.cli.kubectl import kubectl
-from tests.kube.connection import KubeConnection
-from tests.kube.kubelet import Kubelet
-from tests.kube.operator_world import World, session_manifest, world_of
+from tests.kube.operator_world import World, session_manifest
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-async def world(
-    emulator_kube: KubeConnection, kubelet: Kubelet, tmp_path: Path
-) -> AsyncIterator[World]:
-    async for running in world_of(emulator_kube, "default", tmp_path):
-        await running.start_operator()
-        yield running
 
 
 async def plugin(world: World, *args: str) -> Result:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,22 +17,12 @@ from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.kube.records import MigrationRecords
 from shadowpod.local.checks import session_checks
 from shadowpod.local.outcome import MigrationOutcome
-from tests.kube.connection import KubeConnection
 from tests.kube.kubelet import Kubelet
 from tests.kube.nodes import cordon, drain
-from tests.kube.operator_world import NAME, Load, World, session_manifest, world_of
+from tests.kube.operator_world import NAME, Load, World, session_manifest
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-async def world(
-    emulator_kube: KubeConnection, kubelet: Kubelet, tmp_path: Path
-) -> AsyncIterator[World]:
-    async for running in world_of(emulator_kube, "default", tmp_path):
-        await running.start_operator()
-        yield running
 
 
 def manual_migration(name: str, session: str, **target: str) -> dict[str, Any]:

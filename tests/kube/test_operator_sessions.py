@@ -5,7 +5,6 @@ bad manifests say what is wrong, a dead owner is replaced, deletion cleans up.""
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,22 +12,11 @@ import yaml
 
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.kube import names
-from tests.kube.connection import KubeConnection
-from tests.kube.kubelet import Kubelet
-from tests.kube.operator_world import World, reply_counts, session_manifest, world_of
+from tests.kube.operator_world import World, reply_counts, session_manifest
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(240)
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "02-kubernetes" / "agentsession.yaml"
-
-
-@pytest.fixture
-async def world(
-    emulator_kube: KubeConnection, kubelet: Kubelet, tmp_path: Path
-) -> AsyncIterator[World]:
-    async for running in world_of(emulator_kube, "default", tmp_path):
-        await running.start_operator()
-        yield running
 
 
 def condition(body: dict[str, object], kind: str) -> dict[str, str]:
