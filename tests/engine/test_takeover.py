@@ -4,12 +4,14 @@ agents as processes, the engine through the local runtime."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from shadowpod.engine.engine import MigrationEngine
+from shadowpod.engine.ports import InstanceStatus
 from shadowpod.engine.record import InstanceRef, MigrationPolicy, MigrationRecord, Phase
 from shadowpod.local.deployment import LocalDeployment
 from tests.agent.support import SESSION, agent_get, agent_images, post, replies_to, wait_answered
@@ -82,5 +84,16 @@ async def test_a_new_owner_that_fails_to_take_over_fails_the_migration_with_its_
     # still up in mode failed (its status): both carry what the agent said.
     assert "did not take over epoch 2" in done.error, done.error
     assert "this state is poisoned" in done.error, done.error
-    status = await dep.runtime.status(done.spec.target.name)
+    # It stops for good: seen exited, however long its shutdown takes on a busy machine
+    # (in between it is alive but no longer answers its status).
+    status = await _ended(dep, done.spec.target.name, within_s=15.0)
     assert (status.alive, status.mode, status.serving) == (False, "failed", False)
+
+
+async def _ended(dep: LocalDeployment, name: str, *, within_s: float) -> InstanceStatus:
+    deadline = asyncio.get_running_loop().time() + within_s
+    status = await dep.runtime.status(name)
+    while status.alive and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+        status = await dep.runtime.status(name)
+    return status
