@@ -30,10 +30,13 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from shadowpod.local.images import ImageMap
+from shadowpod.local.orphans import process_children
 from tests.kube.emulator.selectors import LabelSelector
 from tests.kube.emulator.store import now
 from tests.kube.kubelet import api as raw
-from tests.kube.kubelet.pods import PodWorker
+from tests.kube.kubelet.pods import PodWorker, stop
+
+TREE_TTL = 0.25  # seconds a read of the host's process tree serves every pod
 
 PodKey = tuple[str, str]
 
@@ -62,6 +65,7 @@ class Kubelet:
         )
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._tree: tuple[float, dict[int, list[int]]] = (float("-inf"), {})
 
     # --- lifecycle ----------------------------------------------------------------------
 
@@ -83,10 +87,7 @@ class Kubelet:
 
     async def __aexit__(self, *_: object) -> None:
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop(task)
         for worker in list(self.workers.values()):
             await worker.kill()
 
@@ -135,6 +136,15 @@ class Kubelet:
     def worker(self, namespace: str, name: str) -> PodWorker | None:
         pod = self.pods.get((namespace, name))
         return None if pod is None else self.workers.get(pod["metadata"]["uid"])
+
+    def process_children(self) -> dict[int, list[int]]:
+        """The host's process tree, read from /proc at most every ``TREE_TTL`` seconds:
+        every pod's worker asks each tick, and fifty pods each reading every process's
+        stat file ten times a second would take the whole event loop."""
+        now_ = asyncio.get_running_loop().time()
+        if now_ - self._tree[0] >= TREE_TTL:
+            self._tree = (now_, process_children())
+        return self._tree[1]
 
     def next_address(self) -> str:
         in_use = {worker.ip for worker in self.workers.values()}

@@ -55,6 +55,17 @@ class ContainerRun:
         return self.process is not None and self.process.returncode is None
 
 
+async def stop(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it is done. Asked until it is: on Python 3.11 a
+    cancel that lands as a ``wait_for`` inside it completes can be lost, and a loop
+    around that ``wait_for`` would go on for ever."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 class PodWorker:
     def __init__(self, kubelet: Kubelet, pod: dict[str, Any], node: str) -> None:
         self.kubelet = kubelet
@@ -91,13 +102,7 @@ class PodWorker:
     async def kill(self) -> None:
         """Everything of this pod dies now (node loss, teardown); nothing is reported."""
         if self._task is not None:
-            # Asked until it is done: on Python 3.11 a cancel that lands as the
-            # wait_for inside completes can be lost, and the loop would go on.
-            while not self._task.done():
-                self._task.cancel()
-                await asyncio.wait({self._task}, timeout=1.0)
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop(self._task)
         for run in self.containers.values():
             await self._kill_tree(run)
 
@@ -109,9 +114,9 @@ class PodWorker:
 
     async def _run(self) -> None:
         if not self.kubelet.run_processes:
-            await self._report()
             while self.deadline is None:
-                await self._wait(None)
+                await self._report()  # until it lands: a busy API server may time it out
+                await self._wait(None if self._reported else 1.0)
             await self._finish()
             return
         while not await self._prepared():
@@ -197,7 +202,7 @@ class PodWorker:
         for run in self.containers.values():
             if run.running:
                 assert run.process is not None
-                run.family.update(descendants(run.process.pid))
+                run.family.update(descendants(run.process.pid, self.kubelet.process_children()))
                 probe = run.spec.get("readinessProbe")
                 if probe is not None and loop.time() >= run.next_probe:
                     run.next_probe = loop.time() + float(probe.get("periodSeconds", 10))
