@@ -41,7 +41,8 @@ SEES = textwrap.dedent("""
         return "yes"
     seen = {"env": dict(os.environ), "uid": os.getuid(), "gid": os.getgid(),
             "secret": files(sys.argv[1]), "identity": files(sys.argv[2]),
-            "writes": {p: writable(p) for p in ("/", "/opt/shadowpod", "/tmp", sys.argv[1])}}
+            "writes": {p: writable(p) for p in ("/", "/opt/shadowpod", "/tmp", "/scratch",
+                                                 sys.argv[1])}}
     with open("/proc/self/status") as status:
         seen["caps"] = [l.split()[1] for l in status if l.startswith("CapEff")][0]
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -99,6 +100,7 @@ async def test_a_pod_runs_in_a_hardened_container_with_its_env_and_read_only_fil
                         "volumeMounts": [
                             {"name": "creds", "mountPath": "/var/run/secrets/creds"},
                             {"name": "identity", "mountPath": "/etc/identity"},
+                            {"name": "scratch", "mountPath": "/scratch"},
                         ],
                         "readinessProbe": {
                             "httpGet": {"path": "/", "port": 8080},
@@ -114,6 +116,7 @@ async def test_a_pod_runs_in_a_hardened_container_with_its_env_and_read_only_fil
                             "items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]
                         },
                     },
+                    {"name": "scratch", "emptyDir": {}},
                 ],
                 "terminationGracePeriodSeconds": 30,
             },
@@ -132,12 +135,14 @@ async def test_a_pod_runs_in_a_hardened_container_with_its_env_and_read_only_fil
         # The pod's environment, on top of the image's.
         assert seen["env"]["TOKEN"] == "s3cret" and seen["env"]["LISTEN"] == f"{ip}:8080"
         assert seen["env"]["PYTHONDONTWRITEBYTECODE"] == "1"  # the image's own
-        # Its files, and nowhere to write but /tmp: not the root, not a Secret volume.
+        # Its files, and nowhere to write but /tmp and its emptyDir: not the root, not a
+        # Secret volume.
         assert seen["secret"] == {"token": "s3cret"} and seen["identity"] == {"name": "sees"}
         assert seen["writes"] == {
             "/": "Read-only file system",
             "/opt/shadowpod": "Read-only file system",
             "/tmp": "yes",
+            "/scratch": "yes",
             "/var/run/secrets/creds": "Read-only file system",
         }
         # The numeric non-root user, with no capability at all.

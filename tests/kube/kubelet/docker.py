@@ -14,9 +14,9 @@ image, hardened as a pod of the Helm chart is.
   no privilege escalation (``tests.image.docker.HARDENED``).
 
 Every container carries the label ``dev.shadowpod.kubelet`` (this kubelet's own value,
-which names the test process): the kubelet removes its containers when a
-pod goes and all of them when it stops, and one started later removes those a killed
-test process left behind.
+which names the test process): the kubelet removes its containers when a pod goes and
+all of them when it stops, and one started later removes those a killed test process
+left behind.
 """
 
 from __future__ import annotations
@@ -82,9 +82,10 @@ class DockerContainers:
         termination_log: Path,
     ) -> list[str]:
         """``--volume`` options: the container's volume mounts and its termination log."""
-        kinds = {
-            volume["name"]: next((k for k in volume if k != "name"), "")
+        always_read_only = {
+            volume["name"]
             for volume in (pod.get("spec") or {}).get("volumes") or []
+            if any(source in volume for source in READ_ONLY_SOURCES)
         }
         path = container.get("terminationMessagePath", "/dev/termination-log")
         options = [f"--volume={termination_log}:{path}:rw"]
@@ -96,9 +97,7 @@ class DockerContainers:
                     f"volume {mount['name']!r} is not in the pod's volumes",
                 )
             here = source / mount["subPath"] if mount.get("subPath") else source
-            read_only = mount.get("readOnly", False) or kinds.get(mount["name"]) in (
-                READ_ONLY_SOURCES
-            )
+            read_only = mount.get("readOnly", False) or mount["name"] in always_read_only
             options.append(f"--volume={here}:{mount['mountPath']}:{'ro' if read_only else 'rw'}")
         return options
 
