@@ -9,6 +9,9 @@ What it does with a message:
 - ``weather <city>``     calls the ``weather`` tool (idempotent);
 - ``charge <amount>``    calls the ``charge`` tool (a side effect: not idempotent);
 - ``sleep <seconds>``    takes that long to answer (a long turn);
+- ``warm?``              tells its warm cache: an id drawn when the process started
+                         and the forecasts it looked up, kept in memory only (never
+                         journaled: a CRIU checkpoint carries it, a snapshot cannot);
 - anything else          is answered with a running turn count.
 
 On its first turn it registers a ``heartbeat`` schedule (every
@@ -23,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import sys
 
 from pydantic import JsonValue
@@ -31,6 +35,9 @@ from shadowpod.agent import Agent, OwnerContext, Turn
 
 HEARTBEAT_S = float(os.environ.get("REFAGENT_HEARTBEAT_S", "0"))
 INDEXER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
+# In memory only: this process's id, and what its weather tool looked up.
+WARM_CACHE_ID = secrets.token_hex(4)
+FORECASTS: dict[str, JsonValue] = {}
 
 
 def build(version: int) -> Agent:
@@ -64,7 +71,12 @@ def build(version: int) -> Agent:
     @agent.tool(idempotent=True)
     async def weather(city: str) -> JsonValue:
         forecasts = ["sun", "rain", "wind", "snow", "fog"]
-        return {"city": city, "forecast": forecasts[sum(map(ord, city)) % len(forecasts)]}
+        result: JsonValue = {
+            "city": city,
+            "forecast": forecasts[sum(map(ord, city)) % len(forecasts)],
+        }
+        FORECASTS[city] = result
+        return result
 
     @agent.tool(idempotent=False)
     async def charge(amount: str) -> JsonValue:
@@ -114,6 +126,9 @@ def build(version: int) -> Agent:
         elif lowered.startswith("charge "):
             result = await turn.tool("charge", {"amount": text[len("charge ") :].strip()})
             await turn.reply(answer(turn, f"charged: {result}"), **meta)
+        elif lowered == "warm?":
+            cached = ", ".join(sorted(FORECASTS)) or "nothing"
+            await turn.reply(answer(turn, f"warm cache {WARM_CACHE_ID}: {cached}"), **meta)
         elif lowered.startswith("sleep "):
             await asyncio.sleep(float(text.split()[1]))
             await turn.reply(answer(turn, f"slept {text.split()[1]}s"), **meta)
