@@ -40,6 +40,17 @@ WARM_CACHE_ID = secrets.token_hex(4)
 FORECASTS: dict[str, JsonValue] = {}
 
 
+def _ballast(megabytes: int) -> bytearray:
+    """Memory the process holds (``REFAGENT_BALLAST_MB``, for benchmarks of the CRIU
+    path): every page written, so each is a page a checkpoint must carry."""
+    ballast = bytearray(megabytes * 1024 * 1024)
+    ballast[::4096] = b"\x01" * len(range(0, len(ballast), 4096))
+    return ballast
+
+
+BALLAST = _ballast(int(os.environ.get("REFAGENT_BALLAST_MB", "0")))
+
+
 def build(version: int) -> Agent:
     agent = Agent("refagent", version=str(version), state_schema=version)
 

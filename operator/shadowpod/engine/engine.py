@@ -334,6 +334,7 @@ class MigrationEngine:
             snapshot_watermark=taken.watermark,
             checkpoint=taken.ref,
             checkpoint_ms=taken.dump_ms,
+            checkpoint_bytes=taken.bytes,
         )
 
     async def _rolling_back(self, record: MigrationRecord) -> MigrationRecord:

@@ -116,6 +116,7 @@ class MigrationRecord(BaseModel):
         default=None, description="The runtime's reference of the CRIU checkpoint (criu)."
     )
     checkpoint_ms: float | None = Field(default=None, description="How long the dump took.")
+    checkpoint_bytes: int | None = Field(default=None, description="The checkpoint's size.")
     fence_attempts: int = 0
     fence: FenceInfo | None = None
     fence_pause_ms: float | None = None
