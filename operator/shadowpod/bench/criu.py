@@ -17,14 +17,13 @@ from __future__ import annotations
 import asyncio
 import platform
 import shutil
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from shadowpod.bench.machine import MachineProbe
-from shadowpod.local.criu import criu_unavailable
+from shadowpod.local.criu import criu_unavailable, criu_version
 from shadowpod.local.images import ImageMap
 from shadowpod.local.outcome import MigrationOutcome
 from shadowpod.local.scenario import LiveScenario
@@ -108,14 +107,6 @@ async def _one_size(config: CriuBenchConfig, megabytes: int, workdir: Path) -> d
     }
 
 
-def _criu_version() -> str:
-    try:
-        done = subprocess.run(["criu", "--version"], capture_output=True, text=True, check=False)
-    except OSError:
-        return "none"
-    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else "unknown"
-
-
 def _memory_gib() -> float | None:
     try:
         with open("/proc/meminfo") as meminfo:
@@ -147,7 +138,7 @@ async def run_criu_bench(config: CriuBenchConfig) -> dict[str, Any]:
         "strategy": "criu",
         "compared_with": "shadow (app-level state)",
         "rate": config.rate,
-        "criu": _criu_version(),
+        "criu": criu_version(),
         "kernel": platform.release(),
         "memory_gib": _memory_gib(),
         "sizes": sizes,

@@ -186,7 +186,7 @@ def migrate(
 
 def _print_criu(report: dict[str, Any]) -> None:
     table = Table(
-        title=f"migrate benchmark — criu ({report['criu']}) against the app-level path, "
+        title=f"migrate benchmark — criu {report['criu']} against the app-level path, "
         f"{report['rate']:g} msg/s"
     )
     for column in ("memory", "checkpoint", "size", "restore", "total", "snapshot (state)"):

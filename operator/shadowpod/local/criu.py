@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -58,15 +59,33 @@ META: Final = "shadowpod-checkpoint.json"
 
 
 def criu_unavailable(criu: str = "criu") -> str | None:
-    """Why CRIU cannot run here (no binary, not root), or ``None``."""
+    """Why CRIU cannot run here (no binary, one older than 4, not root), or ``None``."""
     if shutil.which(criu) is None:
         return f"no {criu} here: CRIU 4 is needed (Debian trixie's criu package)"
+    version = criu_version(criu)
+    if not version.split(".")[0].isdigit() or int(version.split(".")[0]) < 4:
+        return (
+            f"criu {version} here: CRIU 4 is needed (3.x fails on current kernels); "
+            "run in the CRIU image (hack/image-criu, docs/criu.md)"
+        )
     if os.geteuid() != 0:
         return "CRIU runs as root here (checkpoint and restore need CAP_SYS_ADMIN and more)"
     for tool in ("unshare", "mount"):
         if shutil.which(tool) is None:
             return f"no {tool} here (util-linux): restores need it"
     return None
+
+
+def criu_version(criu: str = "criu") -> str:
+    """``criu --version``'s number (``4.1.1``), or what it said instead."""
+    try:
+        done = subprocess.run([criu, "--version"], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        return f"unknown ({exc})"
+    for line in done.stdout.splitlines():
+        if line.startswith("Version:"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
 
 
 class CriuRuntime(LocalRuntime):
