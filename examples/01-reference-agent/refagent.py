@@ -7,7 +7,8 @@ What it does with a message:
 - ``my name is <name>``  remembers the name (memory) and greets;
 - ``remember: <rule>``   learns a durable fact;
 - ``weather <city>``     calls the ``weather`` tool (idempotent);
-- ``charge <amount>``    calls the ``charge`` tool (a side effect: not idempotent);
+- ``charge <amount>``    calls the ``charge`` tool (a side effect: not idempotent; each
+                         run appends the amount to ``$REFAGENT_CHARGE_LOG``, if set);
 - ``sleep <seconds>``    takes that long to answer (a long turn);
 - ``warm?``              tells its warm cache: an id drawn when the process started
                          and the forecasts it looked up, kept in memory only (never
@@ -91,6 +92,9 @@ def build(version: int) -> Agent:
 
     @agent.tool(idempotent=False)
     async def charge(amount: str) -> JsonValue:
+        if log := os.environ.get("REFAGENT_CHARGE_LOG"):
+            with open(log, "a") as charges:  # noqa: ASYNC230 - one short line
+                charges.write(f"{amount}\n")
         return {"charged": amount, "receipt": f"r-{amount}"}
 
     # --- becoming owner ---------------------------------------------------------------

@@ -7,7 +7,9 @@ schedule). It looks a forecast up (its warm cache, in memory only) and says what
 cache holds. Then the engine migrates it with the ``criu`` strategy to an instance
 of the same image: the owner is checkpointed while it serves, restored as the shadow
 at another loopback address, caught up from the watermark of the checkpoint, fenced
-and promoted. The new owner is asked about its cache again; then the session moves
+and promoted. A charge (a tool with a side effect, each run logged) is made just
+before the move and one after it: each must have run once. The new owner is asked
+about its cache again; then the session moves
 once more on the app-level state path (a snapshot, a new process), whose owner is
 asked too: its cache is cold, as the journal never held it. The report (JSON) holds
 the scenario's checks (nothing lost, duplicated or reordered; the state at the fence;
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import sys
 import tempfile
@@ -65,11 +68,16 @@ async def warm(scenario: LiveScenario) -> dict[str, Any]:
 
 
 async def run(workdir: Path, rate: float) -> dict[str, Any]:
+    charges = workdir / "charges.log"
+    os.environ["REFAGENT_CHARGE_LOG"] = str(charges)  # the agents' environment
     async with LiveScenario(workdir, rate=rate, heartbeat_s=1.0, checkpoints=True) as scenario:
         await ask(scenario, "weather Oslo")
         before = await warm(scenario)
         await asyncio.sleep(1.0)  # serving under load
+        assert scenario.client is not None
+        await scenario.client.post_message(scenario.main.name, "charge 5")
         outcome = await scenario.migrate("refagent:v1", strategy="criu")
+        await ask(scenario, "charge 7")
         left = sorted(p.name for p in (workdir / "checkpoints").glob("*"))
         await asyncio.sleep(1.0)  # the new owner serving under load
         after = await warm(scenario)
@@ -77,6 +85,17 @@ async def run(workdir: Path, rate: float) -> dict[str, Any]:
         await asyncio.sleep(0.5)
         after_state_path = await warm(scenario)
         report = await scenario.finish()
+        journal = await scenario.journal(scenario.main.name)
+    calls = {
+        str(e.payload["call_id"])
+        for e in journal
+        if e.kind == "tool_call" and e.payload.get("tool") == "charge"
+    }
+    journaled = [
+        e.kind
+        for e in journal
+        if e.kind in ("tool_call", "tool_result") and str(e.payload.get("call_id")) in calls
+    ]
     record = outcome.record
     return {
         "ok": report.ok,
@@ -102,6 +121,8 @@ async def run(workdir: Path, rate: float) -> dict[str, Any]:
         | {"target_instance": state_path.record.spec.target.name},
         "warm_after_state_path": after_state_path,
         "checkpoints_left": left,
+        "charges_run": charges.read_text().split() if charges.exists() else [],
+        "charge_entries": {kind: journaled.count(kind) for kind in ("tool_call", "tool_result")},
     }
 
 

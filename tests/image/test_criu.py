@@ -117,6 +117,10 @@ async def test_criu_migration_under_load_keeps_memory_and_loses_nothing(
     assert failed == [], failed
     assert code == 0, logs[-4000:]
 
+    # A side effect just before the checkpoint and one after the move: each ran once.
+    assert report["charges_run"] == ["5", "7"]
+    assert report["charge_entries"] == {"tool_call": 2, "tool_result": 2}
+
     # The warm cache, never journaled, went along with the process: same id, same
     # contents, now answered by the restored instance at the new address...
     before, after = report["warm_before"], report["warm_after"]
