@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.engine.ports import (
     Checkpoint,
+    CheckpointRestoreUnsupported,
     FenceOutcome,
     FencePause,
     FenceTimedOut,
@@ -206,11 +207,15 @@ class FakeCheckpointer:
         self.restored: list[tuple[str, InstanceSpec]] = []
         self.discarded: list[str] = []
         self.failure: str | None = None  # why a checkpoint cannot be taken
+        # Why the checkpoint ("checkpoint") or the restore ("restore") is unsupported.
+        self.unsupported: dict[str, str] = {}
 
     async def checkpoint(self, source: str, target: str) -> Checkpoint:
         self.runtime._reachable()
         if self.failure is not None:
             raise RuntimeFailure(self.failure)
+        if "checkpoint" in self.unsupported:
+            raise CheckpointRestoreUnsupported(self.unsupported["checkpoint"])
         instance = self.runtime.session.instances[source]
         self.taken.append((source, target, instance.watermark))
         return Checkpoint(
@@ -218,6 +223,8 @@ class FakeCheckpointer:
         )
 
     async def restore(self, checkpoint: str, spec: InstanceSpec) -> None:
+        if "restore" in self.unsupported:
+            raise CheckpointRestoreUnsupported(self.unsupported["restore"])
         await self.runtime.start(spec)
         self.restored.append((checkpoint, spec))
 

@@ -49,13 +49,14 @@ class World:
             checkpointer=self.checkpointer if checkpoints else None,
         )
 
-    def record(self, *, image: str = "agent:v1") -> MigrationRecord:
+    def record(self, *, image: str = "agent:v1", fallback: bool = False) -> MigrationRecord:
         spec = MigrationSpec(
             id="m-1",
             session="s",
             source=InstanceRef(name=SOURCE, image="agent:v1"),
             target=InstanceRef(name=TARGET, image=image),
             strategy="criu",
+            fallback=fallback,
             policy=MigrationPolicy(),
         )
         return MigrationRecord(spec=spec)
@@ -133,4 +134,42 @@ async def test_a_restored_shadow_that_fails_is_removed_and_its_checkpoint_discar
     assert "restoring the checkpoint failed" in (record.error or "")
     assert TARGET in world.runtime.stopped
     assert world.checkpointer.discarded == ["checkpoint-1"]
+    assert (world.session.ownership.epoch, world.session.ownership.owner) == (1, SOURCE)
+
+
+@pytest.mark.parametrize("where", ["checkpoint", "restore"])
+async def test_an_unsupported_checkpoint_falls_back_to_the_state_path_where_allowed(
+    world: World, where: str
+) -> None:
+    world.checkpointer.unsupported[where] = "the kubelet on node-1 answered 404"
+    record = await world.engine().run(world.record(fallback=True))
+    assert record.phase is Phase.SUCCEEDED, record.error
+    # Moved on the app-level path: a snapshot was asked for, the shadow started plainly.
+    assert record.spec.strategy == "shadow" and record.checkpoint is None
+    assert len(world.session.snapshots) == 1
+    assert world.checkpointer.restored == []
+    assert "answered 404" in (record.strategy_note or "")
+    assert "fell back to the app-level state path" in (record.strategy_note or "")
+    assert world.checkpointer.discarded == (["checkpoint-1"] if where == "restore" else [])
+    assert (world.session.ownership.epoch, world.session.ownership.owner) == (2, TARGET)
+
+
+async def test_without_a_checkpointer_a_fallback_takes_the_state_path_from_preflight(
+    world: World,
+) -> None:
+    record = await world.engine(checkpoints=False).run(world.record(fallback=True))
+    assert record.phase is Phase.SUCCEEDED, record.error
+    assert record.spec.strategy == "shadow"
+    assert "no CRIU" in (record.strategy_note or "")
+
+
+async def test_an_unsupported_checkpoint_without_fallback_rolls_back(world: World) -> None:
+    world.checkpointer.unsupported["checkpoint"] = "the kubelet on node-1 answered 404"
+    record = await world.engine().run(world.record())
+    assert record.phase is Phase.ROLLED_BACK
+    assert (record.reason, record.failed_phase) == (
+        "CheckpointRestoreUnsupported",
+        Phase.SNAPSHOTTING,
+    )
+    assert world.session.snapshots == []
     assert (world.session.ownership.epoch, world.session.ownership.owner) == (1, SOURCE)

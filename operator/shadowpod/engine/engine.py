@@ -269,7 +269,12 @@ class MigrationEngine:
                 f"{spec.source.image} writes v{source.state_schema}: add a migration to the target"
             )
         if spec.strategy == "criu":
-            self._can_checkpoint(spec.source.image, spec.target.image)
+            try:
+                self._can_checkpoint(spec.source.image, spec.target.image)
+            except CheckpointRestoreUnsupported as exc:
+                if not spec.fallback:
+                    raise
+                record = self._fall_back(record, exc)
         missing = await self.runtime.missing_credentials(spec.target.image, spec.credentials)
         if missing:
             raise CredentialsMissing(
@@ -325,9 +330,14 @@ class MigrationEngine:
     async def _checkpointing(self, record: MigrationRecord) -> MigrationRecord:
         """The criu strategy's Snapshotting: the source, checkpointed while it serves."""
         spec = record.spec
-        checkpointer = self._can_checkpoint(spec.source.image, spec.target.image)
-        await self._alive(spec.source.name, "source")
-        taken = await checkpointer.checkpoint(spec.source.name, spec.target.name)
+        try:
+            checkpointer = self._can_checkpoint(spec.source.image, spec.target.image)
+            await self._alive(spec.source.name, "source")
+            taken = await checkpointer.checkpoint(spec.source.name, spec.target.name)
+        except CheckpointRestoreUnsupported as exc:
+            if not spec.fallback:
+                raise
+            return await self._snapshotting(self._fall_back(record, exc))
         return self._enter(
             record,
             Phase.RESTORING,
@@ -335,6 +345,24 @@ class MigrationEngine:
             checkpoint=taken.ref,
             checkpoint_ms=taken.dump_ms,
             checkpoint_bytes=taken.bytes,
+        )
+
+    def _fall_back(
+        self, record: MigrationRecord, exc: CheckpointRestoreUnsupported
+    ) -> MigrationRecord:
+        """The criu strategy given up for the shadow strategy (``spec.fallback``)."""
+        note = f"CRIU was not possible ({exc}); fell back to the app-level state path"
+        logger.warning(
+            "migration %s: %s", record.spec.id, note, extra={"migration": record.spec.id}
+        )
+        spec = record.spec.model_copy(update={"strategy": "shadow", "fallback": False})
+        return record.model_copy(
+            update={
+                "spec": spec,
+                "checkpoint": None,
+                "strategy_note": note,
+                "notes": [*record.notes, note],
+            }
         )
 
     async def _rolling_back(self, record: MigrationRecord) -> MigrationRecord:
@@ -373,7 +401,14 @@ class MigrationEngine:
             if spec.strategy == "criu":
                 assert record.checkpoint is not None
                 checkpointer = self._can_checkpoint(spec.source.image, spec.target.image)
-                await checkpointer.restore(record.checkpoint, shadow)
+                try:
+                    await checkpointer.restore(record.checkpoint, shadow)
+                except CheckpointRestoreUnsupported as exc:
+                    if not spec.fallback:
+                        raise
+                    await checkpointer.discard(record.checkpoint)
+                    # Back to Snapshotting: the app-level path needs a snapshot.
+                    return self._enter(self._fall_back(record, exc), Phase.SNAPSHOTTING)
             else:
                 await self.runtime.start(shadow)
 

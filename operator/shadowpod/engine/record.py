@@ -76,6 +76,12 @@ class MigrationSpec(BaseModel):
     source: InstanceRef
     target: InstanceRef
     strategy: Strategy = "shadow"
+    fallback: bool = Field(
+        default=False,
+        description="criu only: where the checkpoint or its restore turns out unsupported"
+        " (``CheckpointRestoreUnsupported``), go on with the shadow strategy instead of"
+        " rolling back (``strategy: Auto``).",
+    )
     credentials: list[str] = Field(default_factory=list)
     policy: MigrationPolicy = Field(default_factory=MigrationPolicy)
     reason: str = "upgrade"
@@ -116,6 +122,9 @@ class MigrationRecord(BaseModel):
         default=None, description="The runtime's reference of the CRIU checkpoint (criu)."
     )
     checkpoint_ms: float | None = Field(default=None, description="How long the dump took.")
+    strategy_note: str | None = Field(
+        default=None, description="Why this strategy: the choice made, or a fallback taken."
+    )
     checkpoint_bytes: int | None = Field(default=None, description="The checkpoint's size.")
     fence_attempts: int = 0
     fence: FenceInfo | None = None
