@@ -74,6 +74,9 @@ class World:
         self.namespace = namespace
         self.metrics = OperatorMetrics()
         self.operator: OperatorThread | None = None
+        # The CRIU path: the operator's --criu and --checkpoint-registry.
+        self.criu = False
+        self.checkpoint_registry: str | None = None
 
     def config(self) -> OperatorConfig:
         return OperatorConfig(
@@ -84,6 +87,8 @@ class World:
             kubeconfig=self.kube.kubeconfig,
             reconcile_interval_s=0.5,
             deletion_attempts=3,
+            criu=self.criu,
+            checkpoint_registry=self.checkpoint_registry,
         )
 
     async def start_operator(self) -> None:

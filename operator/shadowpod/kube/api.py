@@ -90,6 +90,24 @@ class KubeApi:
             raise _error(status, text, f"{method} {path}")
         return json.loads(text) if text else None
 
+    async def post_raw(self, path: str, *, query: Mapping[str, str]) -> tuple[int, str]:
+        """A POST whose every answer is the caller's to read (a node proxy's: the kubelet
+        answers with its own codes and plain-text errors): the status and the body."""
+        try:
+            response = await self.api.call_api(
+                path,
+                "POST",
+                query_params=list(query.items()),
+                header_params={"Accept": "application/json"},
+                _preload_content=False,
+                _return_http_data_only=True,
+            )
+            return response.status, await response.text()
+        except ApiException as exc:
+            return exc.status or 0, str(exc.body or exc.reason or "")
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise RuntimeUnavailable(f"the API server did not answer POST {path}: {exc}") from exc
+
     async def get(self, path: str) -> dict[str, Any] | None:
         try:
             found: dict[str, Any] = await self._call("GET", path)

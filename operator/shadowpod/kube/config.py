@@ -32,4 +32,19 @@ class OperatorConfig(BaseModel):
         description="Attempts to reach the gateway when a session is deleted, before the"
         " finalizer is released with an event saying what was left behind.",
     )
-    criu: bool = False
+    criu: bool = Field(
+        default=False,
+        description="The CRIU path: checkpoints through the kubelet API (nodes/proxy create).",
+    )
+    checkpoint_registry: str | None = Field(
+        default=None,
+        description="Where the node agents push checkpoint images ([host[:port]/]path), and"
+        " so where restored pods pull them from; without it there is no CRIU path.",
+    )
+    checkpoint_timeout_s: int = Field(
+        default=60,
+        ge=1,
+        le=3600,
+        description="The kubelet checkpoint API's timeout (its dump time grows with the"
+        " agent's memory).",
+    )

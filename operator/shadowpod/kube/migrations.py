@@ -32,6 +32,7 @@ from shadowpod.engine.record import (
 )
 from shadowpod.kube import conditions, names
 from shadowpod.kube.api import namespaced
+from shadowpod.kube.checkpoints import KubeletCheckpointer
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
 from shadowpod.kube.models.v1alpha1 import AgentMigration, AgentSession, MigrationCondition
@@ -45,6 +46,7 @@ from shadowpod.kube.sessions import (
     session_model,
     unfinished,
 )
+from shadowpod.kube.strategies import choose
 
 logger = logging.getLogger("shadowpod.operator")
 TURN_POLL_S: Final = 1.0
@@ -162,7 +164,16 @@ async def _engine(
         ctx, session, migration=migration.metadata.name, node=migration.spec.target.node_name
     )
     await runtime.learn_source(record.spec.source.name)
-    return MigrationEngine(runtime, ctx.control, records)
+    checkpointer = None
+    if ctx.config.criu:
+        checkpointer = KubeletCheckpointer(
+            ctx,
+            session,
+            runtime,
+            migration=migration.metadata.name,
+            node=migration.spec.target.node_name,
+        )
+    return MigrationEngine(runtime, ctx.control, records, checkpointer=checkpointer)
 
 
 async def _mark_active(ctx: OperatorContext, session: AgentSession, migration: str) -> None:
@@ -195,6 +206,17 @@ async def _new_record(
         return None
     source_image = container_image(source_pod)
     target_image = migration.spec.target.image or source_image
+    source_node = source_pod["spec"].get("nodeName")
+    target_node = migration.spec.target.node_name
+    choice = choose(
+        migration.spec.strategy or session.spec.migration.strategy,
+        source_image=source_image,
+        target_image=target_image,
+        criu_enabled=ctx.config.criu,
+        source_node=await ctx.api.get(f"/api/v1/nodes/{source_node}") if source_node else None,
+        target_node=await ctx.api.get(f"/api/v1/nodes/{target_node}") if target_node else None,
+        target_node_name=target_node,
+    )
     spec = MigrationSpec(
         id=f"{namespace}/{migration.metadata.name}",
         session=gid,
@@ -202,11 +224,13 @@ async def _new_record(
         target=InstanceRef(
             name=names.new_instance(session.metadata.name or ""), image=target_image
         ),
+        strategy=choice.engine_strategy,
+        fallback=choice.fallback,
         credentials=[c.name for c in session.spec.credentials],
         policy=engine_policy(session),
         reason=migration.spec.reason,
     )
-    return MigrationRecord(spec=spec)
+    return MigrationRecord(spec=spec, strategy_note=choice.message)
 
 
 async def _refuse(

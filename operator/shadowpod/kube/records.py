@@ -74,7 +74,8 @@ def status_of(record: MigrationRecord, *, generation: int | None, old: list[Any]
     status: dict[str, Any] = {
         "observedGeneration": generation,
         "phase": record.phase,
-        "strategy": "State",
+        "strategy": "CRIU" if spec.strategy == "criu" else "State",
+        "strategyMessage": record.strategy_note,
         "startTime": timestamp(record.started),
         "completionTime": timestamp(record.ended),
         "source": {
@@ -127,6 +128,7 @@ class MigrationRecords:
         meta = migration["metadata"]
         self.path = namespaced("agentmigrations", meta["namespace"], meta["name"])
         self._phase: Phase | None = None
+        self._note: str | None = None
 
     def stored(self) -> MigrationRecord | None:
         raw = self.migration["metadata"].get("annotations", {}).get(RECORD_ANNOTATION)
@@ -150,9 +152,28 @@ class MigrationRecords:
         patched_status = await self.ctx.api.patch(f"{self.path}/status", {"status": status})
         if patched_status is not None:
             self.migration = patched_status
+        if record.strategy_note != self._note and record.strategy_note is not None:
+            await self._strategy_said(record, first=self._phase is None)
+            self._note = record.strategy_note
         if record.phase is not self._phase:
             await self._phase_changed(record)
             self._phase = record.phase
+
+    async def _strategy_said(self, record: MigrationRecord, *, first: bool) -> None:
+        """Which path, and why: once when the migration starts (or resumes), and again
+        when a CRIU attempt falls back to the app-level path."""
+        note = record.strategy_note or ""
+        name = self.migration["metadata"]["name"]
+        if first:
+            strategy = "CRIU" if record.spec.strategy == "criu" else "State"
+            await self.ctx.event(
+                self.migration, "Normal", "StrategyChosen", f"migration {name}: {strategy}: {note}"
+            )
+        else:
+            for obj in (self.migration, self.session):
+                await self.ctx.event(
+                    obj, "Warning", "CheckpointFallback", f"migration {name}: {note}"
+                )
 
     async def _phase_changed(self, record: MigrationRecord) -> None:
         logger.info(

@@ -24,7 +24,7 @@ import kmock
 import yaml
 from kmock._internal.rendering import StreamingError
 
-from tests.kube.emulator import errors, paths
+from tests.kube.emulator import errors, kubelets, paths
 from tests.kube.emulator.controllers import Controllers
 from tests.kube.emulator.resources import BUILTINS, ServedResource, from_crd
 from tests.kube.emulator.selectors import FieldSelector, LabelSelector
@@ -36,6 +36,12 @@ DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease"
 # One is enough: a request is matched as soon as it is logged, with no await between
 # (kmock checks each reaction by scanning the log: the matching costs its length).
 RECENT_REQUESTS = 1
+
+
+def _plain(status: int, text: str) -> kmock.Response:
+    """A plain-text answer, as the kubelet's (behind the node proxy) are."""
+    headers = {"Content-Type": "text/plain; charset=utf-8"}
+    return kmock.Response(status=status, payload=text.encode(), headers=headers)
 
 
 def _status_ok(code: int = 201) -> dict[str, Any]:
@@ -58,6 +64,9 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
     _cache: WatchCache = attrs.field(init=False)
     _store: ObjectStore = attrs.field(init=False)
     _controllers: Controllers = attrs.field(init=False)
+    # How each node's kubelet answers the checkpoint API (unlisted: 404, the gate off).
+    kubelet_checkpoints: dict[str, kubelets.CheckpointAnswer] = attrs.field(factory=dict)
+    checkpoint_requests: list[kubelets.CheckpointRequest] = attrs.field(factory=list, init=False)
     # Exceptions that are the emulator's own failures (answered 500), not API errors.
     internal_errors: list[BaseException] = attrs.field(factory=list, init=False)
 
@@ -249,6 +258,8 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
         if served is None or (request.namespace and not served.namespaced):
             raise errors.unknown_resource(where)
         sub = request.subresource
+        if plural == "nodes" and request.name and (sub or "").startswith("proxy/"):
+            return self._node_proxy(request, request.name, (sub or "").removeprefix("proxy/"))
         if sub is not None and (sub not in served.subresources or request.name is None):
             raise errors.unknown_resource(where)
         params = request.params
@@ -292,6 +303,23 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
             obj, gone = self._delete(served, namespace, name, options)
             return self._answer(200 if gone else 202, self._present(served, obj))
         raise errors.method_not_allowed(method, where)
+
+    def _node_proxy(self, request: kmock.Request, node: str, rest: str) -> kmock.Response:
+        """The node proxy: only the kubelet's checkpoint API is served."""
+        nodes = self._served[("", "v1", "nodes")]
+        self._store.get(nodes, None, node)  # 404 NotFound for a node that does not exist
+        parts = rest.split("/")
+        if request.method.value != "POST" or len(parts) != 4 or parts[0] != "checkpoint":
+            return _plain(404, "404 page not found\n")
+        asked = kubelets.CheckpointRequest(
+            node, parts[1], parts[2], parts[3], request.params.get("timeout")
+        )
+        self.checkpoint_requests.append(asked)
+        pods = self._served[("", "v1", "pods")]
+        pod = self._store.find(pods, asked.namespace, asked.pod)
+        given = self.kubelet_checkpoints.get(node, kubelets.FEATURE_GATE_OFF)
+        status, body = kubelets.answer(given, asked, pod)
+        return self._answer(status, body) if isinstance(body, dict) else _plain(status, body)
 
     def _bind(
         self, pods: ServedResource, namespace: str | None, name: str, body: Any

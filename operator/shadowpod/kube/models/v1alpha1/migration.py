@@ -196,6 +196,12 @@ class AgentMigrationStatus(KubeModel):
     strategy: Literal["State", "CRIU"] | None = Field(
         default=None, description="The strategy chosen (Auto resolved)."
     )
+    strategy_message: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="Why that strategy: what Auto saw, or why a CRIU attempt fell back to"
+        " the app-level state path.",
+    )
     start_time: MicroTime | None = None
     completion_time: MicroTime | None = None
     source: InstanceStatus | None = None
