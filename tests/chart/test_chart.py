@@ -63,6 +63,7 @@ def test_the_operator_runs_alone_standalone_with_kopfs_liveness_probe(
     assert args[:4] == ["operator", "--standalone", "--liveness", "http://0.0.0.0:8080/healthz"]
     assert "--all-namespaces" in args and "--namespace" not in args
     assert "--no-criu" in args and "--criu" not in args
+    assert "--checkpoint-registry" not in args
     assert args[args.index("--metrics-port") + 1] == "9090"
     assert args[args.index("--metrics-host") + 1] == "0.0.0.0"
     assert args[args.index("--log-format") + 1] == "json"
@@ -84,6 +85,7 @@ async def test_operator_flags_follow_values(helm: Helm) -> None:
             "operator": {
                 "watchNamespaces": ["team-a", "team-b"],
                 "criu": True,
+                "checkpointRegistry": "registry.internal:5000/checkpoints",
                 "metricsPort": 0,
                 "logFormat": "text",
                 "logLevel": "debug",
@@ -98,6 +100,8 @@ async def test_operator_flags_follow_values(helm: Helm) -> None:
     namespaces = [args[i + 1] for i, arg in enumerate(args) if arg == "--namespace"]
     assert namespaces == ["team-a", "team-b"]
     assert "--criu" in args and "--no-criu" not in args
+    registry = args[args.index("--checkpoint-registry") + 1]
+    assert registry == "registry.internal:5000/checkpoints"
     assert args[args.index("--metrics-port") + 1] == "0"
     assert args[args.index("--log-format") + 1] == "text"
     assert args[args.index("--log-level") + 1] == "debug"

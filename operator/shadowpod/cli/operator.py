@@ -63,7 +63,26 @@ CANNOT_RUN = 1
 @click.option(
     "--kubeconfig", envvar="KUBECONFIG", default=None, help="Outside a cluster: its kubeconfig."
 )
-@click.option("--criu/--no-criu", default=False, show_default=True, help="Allow the CRIU path.")
+@click.option(
+    "--criu/--no-criu",
+    default=False,
+    show_default=True,
+    help="Allow the CRIU path: checkpoints through the kubelet API (RBAC nodes/proxy create).",
+)
+@click.option(
+    "--checkpoint-registry",
+    envvar="SHADOWPOD_CHECKPOINT_REGISTRY",
+    default=None,
+    help="Where the node agents push checkpoint images ([host[:port]/]path); the CRIU path"
+    " needs it.",
+)
+@click.option(
+    "--checkpoint-timeout",
+    default=60,
+    show_default=True,
+    type=click.IntRange(1, 3600),
+    help="Seconds the kubelet may take for one checkpoint (grows with the agent's memory).",
+)
 @click.option(
     "--reconcile-interval",
     default=30.0,
@@ -89,6 +108,8 @@ def operator(
     control_token_file: Path,
     kubeconfig: str | None,
     criu: bool,
+    checkpoint_registry: str | None,
+    checkpoint_timeout: int,
     reconcile_interval: float,
     log_level: str,
     log_format: str,
@@ -120,6 +141,8 @@ def operator(
         kubeconfig=Path(kubeconfig) if kubeconfig else None,
         reconcile_interval_s=reconcile_interval,
         criu=criu,
+        checkpoint_registry=checkpoint_registry or None,
+        checkpoint_timeout_s=checkpoint_timeout,
     )
     try:
         run(
