@@ -383,6 +383,8 @@ async def test_an_existing_control_token_secret_is_used_not_made(helm: Helm) -> 
         ({"gateway": {"journal": {"backend": "mysql"}}}, "backend"),
         ({"gateway": {"replicas": 0}}, "replicas"),
         ({"operator": {"criu": "yes"}}, "criu"),
+        ({"nodeAgent": {"enabled": True}}, "nodeAgent.enabled needs operator.checkpointRegistry"),
+        ({"nodeAgent": {"checkpointsDir": "var/lib"}}, "checkpointsDir"),
         ({"operator": {"watchNamespaces": ["Team_A"]}}, "watchNamespaces"),
         ({"operator": {"agentGatewayUrl": "gateway:8800"}}, "agentGatewayUrl"),
         ({"metrics": {"prometheusRule": {"failureRatio": 2}}}, "failureRatio"),
@@ -423,3 +425,32 @@ async def test_helm_lint_finds_nothing_to_warn_about(helm: Helm, tmp_path: Path)
     messages = await helm.lint(broken)
     assert [message["path"] for message in messages] == ["templates/"]
     assert messages[0]["severity"] == 3  # an error
+
+
+async def test_the_node_agent_is_off_by_default_and_root_only_on_checkpoint_nodes(
+    helm: Helm, defaults: Rendered
+) -> None:
+    agent = f"{RELEASE}-shadowpod-node-agent"
+    assert not [n for n in defaults.names() if n.startswith("DaemonSet/")]
+    rendered = await helm.install(
+        {
+            "operator": {"criu": True, "checkpointRegistry": "registry.internal/ckpt"},
+            "nodeAgent": {"enabled": True, "registryAuthSecret": "push", "tlsVerify": False},
+        }
+    )
+    daemonset = rendered.one("DaemonSet", agent)
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"shadowpod.dev/checkpoint-restore": "true"}
+    assert pod["automountServiceAccountToken"] is False  # it needs no API access
+    [container] = pod["containers"]
+    args = container["args"]
+    assert args[0] == "node-agent"
+    assert args[args.index("--registry") + 1] == "registry.internal/ckpt"
+    assert "--no-tls-verify" in args
+    assert args[args.index("--authfile") + 1] == "/var/run/shadowpod/registry/auth.json"
+    security = container["securityContext"]
+    assert security["runAsUser"] == 0 and security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"]["drop"] == ["ALL"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["checkpoints"]["hostPath"]["path"] == "/var/lib/kubelet/checkpoints"
+    assert volumes["registry-auth"]["secret"]["defaultMode"] == 0o400

@@ -25,7 +25,13 @@ POSTGRESQL_NAMESPACED: dict[str, Any] = {
         "journal": {"backend": "postgresql", "postgresql": {"existingSecret": "pg"}},
         "clientTokens": {"existingSecret": "clients"},
     },
-    "operator": {"watchNamespaces": ["team-a"], "metricsPort": 0},
+    "operator": {
+        "watchNamespaces": ["team-a"],
+        "metricsPort": 0,
+        "criu": True,
+        "checkpointRegistry": "registry.internal/checkpoints",
+    },
+    "nodeAgent": {"enabled": True, "registryAuthSecret": "checkpoint-push"},
     "networkPolicy": {
         "enabled": True,
         "gatewayFrom": [{"namespaceSelector": {"matchLabels": {"clients": "yes"}}}],
@@ -59,6 +65,10 @@ def test_every_rendered_object_is_valid_kubernetes(rendered: Rendered) -> None:
         checked += 1
     assert problems == []
     assert checked == len([obj for obj in rendered.objects if obj["kind"] not in CUSTOM_KINDS]) > 0
+
+
+def test_the_node_agent_daemonset_is_validated(postgresql_namespaced: Rendered) -> None:
+    assert [o for o in postgresql_namespaced.objects if o["kind"] == "DaemonSet"]
 
 
 def test_the_validator_catches_what_it_should() -> None:

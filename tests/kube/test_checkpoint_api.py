@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from shadowpod.kube.api import KubeApi
-from shadowpod.kube.checkpoints import checkpoint_image, checkpoint_path
+from shadowpod.kube.checkpoints import checkpoint_path
 from shadowpod.kube.models.v1alpha1 import MigrationStrategy
+from shadowpod.kube.names import checkpoint_image
 from shadowpod.kube.strategies import CHECKPOINT_RESTORE_LABEL, CRIU_DUMPS_TCP_LABEL, choose
 from tests.kube.connection import KubeConnection
 from tests.kube.emulator import ApiServerEmulator

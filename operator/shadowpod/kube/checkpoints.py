@@ -13,7 +13,7 @@
 - **The archive becomes an image**: the node agent (``shadowpod node-agent``, a
   DaemonSet off by default) turns each archive into a checkpoint OCI image (annotated
   ``io.kubernetes.cri-o.annotations.checkpoint.name``), pushes it to the configured
-  registry as ``checkpoint_image(registry, archive)`` and deletes the archive.
+  registry as ``names.checkpoint_image(registry, archive)`` and deletes the archive.
 - **Restore**: the shadow pod is the agent pod with that image, on a node labelled
   ``shadowpod.dev/checkpoint-restore=true`` (the runtime restores a container whose
   image is a checkpoint); until the image is pushed the pod waits in image pull, as
@@ -26,11 +26,8 @@ the checkpointed process holds (it catches up from its own watermark once restor
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import time
-from pathlib import PurePosixPath
 from typing import Any, Final
 
 from shadowpod.engine.ports import (
@@ -46,22 +43,7 @@ from shadowpod.kube.models.v1alpha1 import AgentSession
 from shadowpod.kube.runtime import PodRuntime
 from shadowpod.kube.strategies import CHECKPOINT_RESTORE_LABEL
 
-# The OCI image annotation CRI-O reads to restore a container from a checkpoint image.
-CHECKPOINT_IMAGE_ANNOTATION: Final = "io.kubernetes.cri-o.annotations.checkpoint.name"
 RESTORED_FROM_ANNOTATION: Final = f"{names.PREFIX}/restored-from"
-_TAG_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]")
-_TAG_MAX: Final = 128
-
-
-def checkpoint_image(registry: str, archive: str) -> str:
-    """The image the node agent pushes for ``archive`` (a kubelet checkpoint archive's
-    path): ``REGISTRY/checkpoint:TAG``, the tag made of the archive's name."""
-    stem = PurePosixPath(archive).name.removesuffix(".tar")
-    tag = _TAG_UNSAFE.sub("-", stem).lower().lstrip(".-") or "checkpoint"
-    if len(tag) > _TAG_MAX:
-        digest = hashlib.sha256(stem.encode()).hexdigest()[:16]
-        tag = f"{tag[: _TAG_MAX - 17]}-{digest}"
-    return f"{registry.rstrip('/')}/checkpoint:{tag}"
 
 
 def checkpoint_path(node: str, namespace: str, pod: str, container: str) -> str:
@@ -140,7 +122,7 @@ class KubeletCheckpointer:
             raise RuntimeFailure(
                 f"the kubelet on node {node} answered 200 without an archive: {said}"
             ) from exc
-        ref = {"node": node, "archive": archive, "image": checkpoint_image(registry, archive)}
+        ref = {"node": node, "archive": archive, "image": names.checkpoint_image(registry, archive)}
         return Checkpoint(
             ref=json.dumps(ref, sort_keys=True), watermark=before.watermark, dump_ms=dump_ms
         )

@@ -8,8 +8,10 @@ ownerReference to the AgentSession, so that deleting the session takes it along.
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import string
+from pathlib import PurePosixPath
 from typing import Final
 
 PREFIX: Final = "shadowpod.dev"
@@ -95,3 +97,22 @@ def owner_selector(session: str) -> dict[str, str]:
 
 def label_selector(labels: dict[str, str]) -> str:
     return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+
+
+# The OCI image annotation CRI-O reads to restore a container from a checkpoint image
+# (its value: the name of the checkpointed container).
+CHECKPOINT_IMAGE_ANNOTATION: Final = "io.kubernetes.cri-o.annotations.checkpoint.name"
+_TAG_UNSAFE: Final = re.compile(r"[^A-Za-z0-9_.-]")
+_TAG_MAX: Final = 128
+
+
+def checkpoint_image(registry: str, archive: str) -> str:
+    """The image the node agent pushes for ``archive`` (a kubelet checkpoint archive's
+    path), and the restored pod runs: ``REGISTRY/checkpoint:TAG``, the tag made of the
+    archive's name (``checkpoint-<pod>_<ns>-<container>-<time>``)."""
+    stem = PurePosixPath(archive).name.removesuffix(".tar")
+    tag = _TAG_UNSAFE.sub("-", stem).lower().lstrip(".-") or "checkpoint"
+    if len(tag) > _TAG_MAX:
+        digest = hashlib.sha256(stem.encode()).hexdigest()[:16]
+        tag = f"{tag[: _TAG_MAX - 17]}-{digest}"
+    return f"{registry.rstrip('/')}/checkpoint:{tag}"

@@ -136,6 +136,7 @@ BUILTINS: tuple[ServedResource, ...] = (
         subresources=["status", "scale"],
         short_names=["deploy"],
     ),
+    _builtin("apps", "v1", "daemonsets", "DaemonSet", subresources=["status"], short_names=["ds"]),
     _builtin("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", short_names=["netpol"]),
     # RBAC (the Helm chart's tests install it; nothing enforces it here).
     _builtin("rbac.authorization.k8s.io", "v1", "roles", "Role"),
