@@ -94,6 +94,7 @@ def _node(name: str, *, labelled: bool = True, kernel: str | None = None, tcp: b
         (MigrationStrategy.CRIU, {"target_image": "a:2"}, ("State", "ImageChange", False)),
         (MigrationStrategy.AUTO, {"target_image": "a:2"}, ("State", "ImageChange", False)),
         (MigrationStrategy.AUTO, {"criu_enabled": False}, ("State", "CheckpointDisabled", False)),
+        (MigrationStrategy.AUTO, {"registry": None}, ("State", "NoCheckpointRegistry", False)),
         (
             MigrationStrategy.AUTO,
             {"source_node": _node("n1", labelled=False)},
@@ -129,6 +130,7 @@ def test_auto_takes_criu_only_where_it_can_work(
         "source_image": "a:1",
         "target_image": "a:1",
         "criu_enabled": True,
+        "registry": "registry.internal/ckpt",
         "source_node": _node("n1"),
         "target_node": _node("n2"),
         "target_node_name": "n2",

@@ -213,6 +213,7 @@ async def _new_record(
         source_image=source_image,
         target_image=target_image,
         criu_enabled=ctx.config.criu,
+        registry=ctx.config.checkpoint_registry,
         source_node=await ctx.api.get(f"/api/v1/nodes/{source_node}") if source_node else None,
         target_node=await ctx.api.get(f"/api/v1/nodes/{target_node}") if target_node else None,
         target_node_name=target_node,

@@ -6,7 +6,8 @@ images on the state path). ``Auto`` takes CRIU only where it can work, and says 
 not otherwise:
 
 - the image is unchanged;
-- the operator runs with ``--criu`` (and the chart granted it ``nodes/proxy``);
+- the operator runs with ``--criu`` (and the chart granted it ``nodes/proxy``) and a
+  ``--checkpoint-registry``;
 - the source's node and, when the migration names one, the target's node are
   labelled ``shadowpod.dev/checkpoint-restore=true``: the node's runtime checkpoints
   and restores containers from checkpoint images (its admin, or the node agent, says
@@ -71,6 +72,7 @@ def choose(
     source_image: str,
     target_image: str,
     criu_enabled: bool,
+    registry: str | None,
     source_node: dict[str, Any] | None,
     target_node: dict[str, Any] | None,
     target_node_name: str | None,
@@ -93,6 +95,13 @@ def choose(
             " state path"
         )
         return StrategyChoice("State", "CheckpointDisabled", because)
+    if registry is None:
+        because = (
+            "Auto: the operator has no --checkpoint-registry (chart:"
+            " operator.checkpointRegistry) to take checkpoint images through, so the"
+            " app-level state path"
+        )
+        return StrategyChoice("State", "NoCheckpointRegistry", because)
     if not _labelled(source_node, CHECKPOINT_RESTORE_LABEL):
         because = (
             f"Auto: node {source_name} is not labelled {CHECKPOINT_RESTORE_LABEL}=true (its"
