@@ -208,5 +208,43 @@ async def test_a_checkpoint_becomes_a_shadow_pod_of_the_checkpoint_image(
     await eventually(lambda: _only(world, "c3", source), timeout=30)
 
 
+RESTORE_OFF = (
+    "checkpoint restore is disabled: checkpoint_restore.container_level_enabled is checkpoint_only"
+)
+
+
+@pytest.mark.parametrize("strategy", [None, "CRIU"], ids=["auto", "criu"])
+async def test_a_runtime_that_will_not_restore_falls_back_or_rolls_back(
+    criu_world: World, emulator: ApiServerEmulator, kubelet: Kubelet, strategy: str | None
+) -> None:
+    """The kubelet checkpoints, the target node says it restores, but its runtime will
+    not make the container (restore off, as CRI-O's 2026 default): Auto moves the
+    session on the state path; CRIU rolls back."""
+    world = criu_world
+    name = f"r{'a' if strategy is None else 'c'}"
+    source, here, there = await start_session(world, name)
+    await label_nodes(world, here, there)
+    emulator.kubelet_checkpoints[here] = CHECKPOINTS
+    kubelet.restore_refusals[there] = RESTORE_OFF
+    await world.apply(move(f"move-{name}", name, there, strategy=strategy))
+    status = (await world.wait_finished(f"move-{name}"))["status"]
+    if strategy is None:
+        assert (status["result"], status["strategy"]) == ("Succeeded", "State"), status
+        assert "did not restore the checkpoint (CreateContainerError" in status["strategyMessage"]
+        assert "checkpoint_only" in status["strategyMessage"]
+        body = await world.wait_running(name, epoch=2)
+        assert body["status"]["nodeName"] == there
+        [owner] = await world.pods(name)
+        assert "/checkpoint:" not in owner["spec"]["containers"][0]["image"]  # the state path
+    else:
+        assert (status["result"], status["strategy"]) == ("RolledBack", "CRIU")
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "CheckpointRestoreUnsupported"
+        assert "checkpoint_only" in failed["message"]
+        assert status["failedPhase"] == "Restoring"
+        await world.wait_running(name, epoch=1)
+        await eventually(lambda: _only(world, name, source), timeout=30)
+
+
 async def _only(world: World, session: str, pod: str) -> bool:
     return [p["metadata"]["name"] for p in await world.pods(session)] == [pod]

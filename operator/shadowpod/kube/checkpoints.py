@@ -18,7 +18,9 @@
   ``shadowpod.dev/checkpoint-restore=true`` (the runtime restores a container whose
   image is a checkpoint); until the image is pushed the pod waits in image pull, as
   any pod does. A target node that is not labelled, or no such node at all, is
-  ``CheckpointRestoreUnsupported`` before any pod is made.
+  ``CheckpointRestoreUnsupported`` before any pod is made; a runtime that will not
+  make the container (``CreateContainerError``: restore turned off) is
+  ``CheckpointRestoreUnsupported`` once it says so, the pod removed.
 
 The watermark recorded is the agent's just before the dump: a lower bound of what
 the checkpointed process holds (it catches up from its own watermark once restored).
@@ -26,6 +28,7 @@ the checkpointed process holds (it catches up from its own watermark once restor
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any, Final
@@ -44,6 +47,11 @@ from shadowpod.kube.runtime import PodRuntime
 from shadowpod.kube.strategies import CHECKPOINT_RESTORE_LABEL
 
 RESTORED_FROM_ANNOTATION: Final = f"{names.PREFIX}/restored-from"
+# How a container the runtime would not make waits (not an image still being pushed).
+RESTORE_REFUSED: Final = frozenset(
+    {"CreateContainerError", "CreateContainerConfigError", "RunContainerError"}
+)
+RESTORE_POLL_S: Final = 0.25
 
 
 def checkpoint_path(node: str, namespace: str, pod: str, container: str) -> str:
@@ -150,6 +158,35 @@ class KubeletCheckpointer:
             await self.ctx.api.create(namespaced("pods", self.namespace), pod)
         except AlreadyExists:
             return
+        await self._restore_started(spec.name)
+
+    async def _restore_started(self, name: str) -> None:
+        """Wait, up to the phase timeout, until the runtime has made the container — or
+        refused to: ``CheckpointRestoreUnsupported``, the pod removed. Waiting for the
+        image (the node agent may still be pushing it) is not a refusal."""
+        path = namespaced("pods", self.namespace, name)
+        deadline = time.monotonic() + self.session.spec.migration.phase_timeout_seconds
+        while time.monotonic() < deadline:
+            pod = await self.ctx.api.get(path)
+            if pod is None:
+                return  # gone: the engine sees it and says so
+            for container in (pod.get("status") or {}).get("containerStatuses", []):
+                if container.get("name") != names.AGENT_CONTAINER:
+                    continue
+                state = container.get("state") or {}
+                if "running" in state or "terminated" in state:
+                    return
+                waiting = state.get("waiting") or {}
+                if waiting.get("reason") in RESTORE_REFUSED:
+                    node = pod["spec"].get("nodeName") or "its node"
+                    await self.runtime.stop(name, grace_s=0)
+                    raise CheckpointRestoreUnsupported(
+                        f"the runtime on {node} did not restore the checkpoint"
+                        f" ({waiting['reason']}: {waiting.get('message') or 'no message'}):"
+                        " restore is off by default in current CRI-O and containerd"
+                        " releases (see docs/criu.md)"
+                    )
+            await asyncio.sleep(RESTORE_POLL_S)
 
     async def _restoring_node(self) -> None:
         """``CheckpointRestoreUnsupported`` unless a node can restore the shadow."""

@@ -63,6 +63,10 @@ class Kubelet:
         self.run_processes = run_processes
         self.docker = docker
         self.nodes: dict[str, str] = {}  # node name -> its host address
+        # Nodes whose runtime refuses to restore a checkpoint image, with the runtime's
+        # error (as CRI-O's checkpoint-only default): such a container stays waiting
+        # in CreateContainerError. Checkpoint images are named ``…/checkpoint:…``.
+        self.restore_refusals: dict[str, str] = {}
         self.pods: dict[PodKey, dict[str, Any]] = {}  # every pod in the cluster, as watched
         self.node_objects: dict[str, dict[str, Any]] = {}
         self.workers: dict[str, PodWorker] = {}  # by pod uid

@@ -183,6 +183,9 @@ class PodWorker:
                         docker_args=docker.create_args(self.pod, container, env, options),
                     )
                     continue
+                refusal = self.kubelet.restore_refusals.get(self.pod["spec"].get("nodeName", ""))
+                if refusal is not None and "/checkpoint:" in container["image"]:
+                    raise NotReadyToStart("CreateContainerError", refusal)
                 image = build.resolve_image(self.kubelet.images, container["image"])
                 env = build.environment(self.pod, container, image, lookup)
                 directory = self.root / "containers" / container["name"]
