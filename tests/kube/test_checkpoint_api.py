@@ -91,6 +91,7 @@ def _node(name: str, *, labelled: bool = True, kernel: str | None = None, tcp: b
     [
         (MigrationStrategy.STATE, {}, ("State", "Requested", False)),
         (MigrationStrategy.CRIU, {}, ("CRIU", "Requested", False)),
+        (MigrationStrategy.CRIU, {"criu_enabled": False}, ("CRIU", "CheckpointDisabled", False)),
         (MigrationStrategy.CRIU, {"target_image": "a:2"}, ("State", "ImageChange", False)),
         (MigrationStrategy.AUTO, {"target_image": "a:2"}, ("State", "ImageChange", False)),
         (MigrationStrategy.AUTO, {"criu_enabled": False}, ("State", "CheckpointDisabled", False)),

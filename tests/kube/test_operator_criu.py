@@ -89,6 +89,24 @@ async def test_auto_takes_the_state_path_without_criu_and_says_why(
     assert any(r == "StrategyChosen" and "State" in m for _, r, m in events)
 
 
+async def test_strategy_criu_without_criu_fails_at_once_saying_so(
+    world: World, kubelet: Kubelet
+) -> None:
+    await kubelet.add_node("node-2")
+    source, here, there = await start_session(world, "a0")
+    await world.apply(move("move-a0", "a0", there, strategy="CRIU"))
+    status = (await world.wait_finished("move-a0"))["status"]
+    assert (status["result"], status["strategy"]) == ("RolledBack", "CRIU")
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (status["failedPhase"], failed["reason"]) == (
+        "Preflight",
+        "CheckpointRestoreUnsupported",
+    )
+    assert "without --criu" in status["strategyMessage"]
+    body = await world.wait_running("a0", epoch=1)
+    assert (body["status"]["ownerPod"], body["status"]["nodeName"]) == (source, here)
+
+
 async def test_auto_takes_the_state_path_where_the_node_cannot_checkpoint(
     criu_world: World, emulator: ApiServerEmulator
 ) -> None:

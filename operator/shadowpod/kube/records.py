@@ -75,7 +75,7 @@ def status_of(record: MigrationRecord, *, generation: int | None, old: list[Any]
         "observedGeneration": generation,
         "phase": record.phase,
         "strategy": "CRIU" if spec.strategy == "criu" else "State",
-        "strategyMessage": record.strategy_note,
+        "strategyMessage": None if record.strategy_note is None else record.strategy_note[:2048],
         "startTime": timestamp(record.started),
         "completionTime": timestamp(record.ended),
         "source": {

@@ -87,6 +87,12 @@ def choose(
         )
         return StrategyChoice("State", "ImageChange", because)
     if requested is MigrationStrategy.CRIU:
+        if not criu_enabled:
+            because = (
+                "strategy CRIU, but the operator runs without --criu (chart: operator.criu):"
+                " it cannot checkpoint, and the migration fails; use Auto or State"
+            )
+            return StrategyChoice("CRIU", "CheckpointDisabled", because)
         return StrategyChoice("CRIU", "Requested", "strategy CRIU: a container checkpoint")
     source_name = (source_node or {}).get("metadata", {}).get("name", "the source's node")
     if not criu_enabled:
