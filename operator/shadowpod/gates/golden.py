@@ -45,7 +45,7 @@ SECRET_SHAPES: Final[tuple[str, ...]] = (
     r"\b(?:ghp|gho|ghs|ghu|github_pat)_[A-Za-z0-9_]{20,}",
     r"\bxox[abprs]-[A-Za-z0-9-]{10,}",
     r"\bAKIA[0-9A-Z]{16}\b",
-    r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{8,}",
+    r"\b[Bb]earer\s+[A-Za-z0-9._~+/=-]{8,}",
     r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]+",  # JWTs
     r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----",
 )

@@ -2,7 +2,7 @@
 
 judge: semantic           # exact | normalised | tool_calls | semantic | llm
 agreement: 0.9            # the share of compared turns that must agree
-similarity: 0.8           # semantic: the cosine similarity a turn needs
+similarity: 0.85          # semantic: the cosine similarity a turn needs
 tool_calls: true          # semantic, llm: the tool calls must be the same too
 min_turns: 1              # fewer turns compared than this fails the gate
 nondeterministic: ["order #\\d+"]   # masked, with the agent's own declarations
@@ -39,7 +39,7 @@ class GatePolicy(BaseModel):
 
     judge: JudgeKind = "semantic"
     agreement: float = Field(0.9, ge=0.0, le=1.0)
-    similarity: float = Field(0.8, ge=0.0, le=1.0)
+    similarity: float = Field(0.85, ge=0.0, le=1.0)
     tool_calls: bool = True
     min_turns: int = Field(1, ge=0)
     nondeterministic: list[str] = Field(default_factory=list)
