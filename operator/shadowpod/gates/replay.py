@@ -54,6 +54,8 @@ def golden_turns(golden: GoldenFile) -> Iterator[tuple[GoldenTurn, SessionState]
         turn = turn_of(entry)
         if turn is not None:
             outputs.setdefault(turn, []).append(entry)
+    # Only whole turns: one still in progress when the slice was cut has no ack yet.
+    whole = {e.payload.get("turn") for e in golden.entries if e.kind == "ack"}
     folder = StateFolder(golden.base)
     started: set[int] = set()
     for entry in golden.entries:
@@ -61,7 +63,7 @@ def golden_turns(golden: GoldenFile) -> Iterator[tuple[GoldenTurn, SessionState]
         if turn is not None and turn not in started:
             started.add(turn)
             pending = folder.peek().pending.get(turn)
-            if pending is not None and turn >= golden.header.from_seq:
+            if pending is not None and turn >= golden.header.from_seq and turn in whole:
                 yield _golden_turn(pending, outputs.get(turn, [])), folder.view()
         folder.apply(entry)
 

@@ -25,6 +25,7 @@ from shadowpod.local.gateway_process import GatewayProcess
 from shadowpod.local.images import ImageMap
 from shadowpod.local.records import FileRecordStore
 from shadowpod.local.runtime import LocalRuntime
+from shadowpod.local.validation import LocalValidator
 
 
 class LocalDeployment:
@@ -47,7 +48,12 @@ class LocalDeployment:
         self.records = FileRecordStore(workdir / "migrations")
         self.admin = GatewayClient(self.gateway.url, self.gateway.control_token)
         self.control = GatewayControl(self.admin)
-        self.engine = MigrationEngine(self.runtime, self.control, self.records)
+        self.engine = MigrationEngine(
+            self.runtime,
+            self.control,
+            self.records,
+            validator=LocalValidator(self.admin, images),
+        )
         self._names = itertools.count(1)
 
     async def __aenter__(self) -> LocalDeployment:
