@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from shadowpod.cli.main import cli
 from shadowpod.engine.record import Phase
-from shadowpod.gates.policy import GatePolicy
+from shadowpod.gates.policy import GatePolicy, LLMEndpoint
 from shadowpod.gates.semantic import MiniLMEmbedder
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.gate_demo import (
@@ -78,3 +78,17 @@ def test_demo_gate_reports_both_upgrades(tmp_path: Path, embedder: MiniLMEmbedde
     assert (rejected["result"], rejected["reason"]) == ("RolledBack", "ValidationFailed")
     assert accepted["result"] == "Succeeded" and accepted["validation"]["passed"] is True
     assert rejected["lost"] == accepted["lost"] == 0
+
+
+async def test_a_judge_that_cannot_run_rolls_back_saying_so(tmp_path: Path) -> None:
+    unreachable = GatePolicy(
+        judge="llm", llm=LLMEndpoint(url="http://127.0.0.5:9/v1", model="judge")
+    )
+    async with LocalDeployment(tmp_path, reference_images()) as dep:
+        await start_session(dep)
+        attempt = await attempt_upgrade(dep, SOURCE, ACCEPTED, gate_policy(unreachable))
+    assert attempt.record.phase is Phase.ROLLED_BACK
+    assert attempt.record.reason == "ValidationUnavailable"
+    assert "cannot be reached" in (attempt.record.error or "")
+    assert (attempt.lost, attempt.duplicated) == (0, 0)
+    assert attempt.last_by == SOURCE.name

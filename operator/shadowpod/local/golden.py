@@ -30,6 +30,8 @@ SANDBOX_TIMEOUT_S: Final = 300.0
 class GoldenError(ShadowpodError):
     """A golden session could not be recorded or replayed; says why and what to do."""
 
+    reason = "GoldenReplayFailed"
+
 
 async def record_golden(
     client: GatewayClient,

@@ -15,14 +15,26 @@ from pathlib import Path
 from typing import Final
 
 from shadowpod.client.gateway import GatewayClient
+from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.record import ValidationSummary
 from shadowpod.gates.gate import build_judge, chat_model, evaluate
+from shadowpod.gates.llm import JudgeUnavailable
 from shadowpod.gates.policy import GatePolicy
 from shadowpod.gates.replay import pairs_of
+from shadowpod.gates.semantic import SemanticUnavailable
 from shadowpod.local.golden import record_golden, replay_in_sandbox
 from shadowpod.local.images import ImageMap
 
 PAGE: Final = 5000
+
+
+class ValidationUnavailable(ShadowpodError):
+    """The comparison could not be made (the judge's model or endpoint, a policy the
+    judge cannot use): the migration rolls back saying so, it does not guess."""
+
+    reason = "ValidationUnavailable"
+
+
 WORST: Final = 5
 SHOWN: Final = 160  # characters of each answer kept in the record
 
@@ -54,10 +66,13 @@ class LocalValidator:
             path = Path(workdir) / "live.jsonl"
             golden.write(path)
             report = await replay_in_sandbox(self.images.resolve(image), path)
-        chat = chat_model(gate) if gate.judge == "llm" else None
+        chat = None
         try:
+            chat = chat_model(gate) if gate.judge == "llm" else None
             judge = build_judge(gate, agent_patterns=report.nondeterministic, chat=chat)
             verdict = await evaluate(gate, judge, pairs_of(golden, report))
+        except (SemanticUnavailable, JudgeUnavailable, ValueError) as exc:
+            raise ValidationUnavailable(f"the {gate.judge} judge cannot run: {exc}") from exc
         finally:
             if chat is not None:
                 await chat.close()
