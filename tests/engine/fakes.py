@@ -305,6 +305,24 @@ class FakeValidator:
     session: FakeSession
     agrees: bool = True
     compares: list[tuple[int, int]] = field(default_factory=list)
+    failing_goldens: set[str] = field(default_factory=set)
+    replayed: list[str] = field(default_factory=list)
+
+    async def replay_golden(
+        self, golden: str, image: str, *, gate: GatePolicy
+    ) -> ValidationSummary:
+        self.replayed.append(golden)
+        passed = golden not in self.failing_goldens
+        return ValidationSummary(
+            judge=gate.judge,
+            compared=4,
+            agreed=4 if passed else 1,
+            agreement=1.0 if passed else 0.25,
+            threshold=gate.agreement,
+            passed=passed,
+            golden=golden,
+            message=f"{image} on {golden}: {'passed' if passed else 'FAILED'}",
+        )
 
     async def completed_turns(self, session: str, *, after_seq: int) -> tuple[int, int]:
         turns = max(0, self.session.head - after_seq)

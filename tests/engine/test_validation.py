@@ -34,9 +34,14 @@ class GatedWorld(World):
             validator=self.validator,
         )
 
-    def gated(self, turns: int = 5, timeout_s: float = 30) -> MigrationRecord:
+    def gated(
+        self, turns: int = 5, timeout_s: float = 30, goldens: list[str] | None = None
+    ) -> MigrationRecord:
         validation = ValidationPolicy(
-            turns=turns, timeout_s=timeout_s, gate=GatePolicy(judge="normalised")
+            turns=turns,
+            timeout_s=timeout_s,
+            gate=GatePolicy(judge="normalised"),
+            goldens=goldens or [],
         )
         return self.record(validation=validation)
 
@@ -119,3 +124,24 @@ async def test_an_engine_stopped_while_validating_keeps_the_window(world: GatedW
     assert record.phase is Phase.SUCCEEDED, record.error
     assert record.validation is not None and record.validation.from_seq == window
     assert [s.name for s in world.runtime.started] == [TARGET]
+
+
+async def test_golden_sessions_are_replayed_first_and_a_failed_one_rolls_back(
+    world: GatedWorld,
+) -> None:
+    assert world.validator is not None
+    world.validator.failing_goldens = {"b.jsonl"}
+    record = await world.engine().run(world.gated(goldens=["a.jsonl", "b.jsonl"]))
+    assert record.phase is Phase.ROLLED_BACK and record.reason == "ValidationFailed"
+    assert record.error is not None and "b.jsonl: FAILED" in record.error
+    assert [v.passed for v in record.golden_validations] == [True, False]
+    assert world.validator.compares == []  # no live window was opened
+    assert world.session.fences == 0
+
+
+async def test_goldens_alone_gate_a_migration(world: GatedWorld) -> None:
+    record = await world.engine().run(world.gated(turns=0, goldens=["a.jsonl"]))
+    assert record.phase is Phase.SUCCEEDED, record.error
+    assert world.records.phases() == GATED_PHASES
+    assert world.validator is not None and world.validator.replayed == ["a.jsonl"]
+    assert world.validator.compares == [] and record.validation is None

@@ -13,7 +13,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from shadowpod.cli.main import cli
-from shadowpod.engine.record import Phase
+from shadowpod.engine.record import MigrationPolicy, Phase, ValidationPolicy
 from shadowpod.gates.policy import GatePolicy, LLMEndpoint
 from shadowpod.gates.semantic import MiniLMEmbedder
 from shadowpod.local.deployment import LocalDeployment
@@ -26,6 +26,7 @@ from shadowpod.local.gate_demo import (
     start_session,
 )
 from shadowpod.local.images import reference_images
+from tests.gates.sessions import record_reference_session
 
 
 async def test_a_forgetful_upgrade_is_rolled_back_and_a_reworded_one_accepted(
@@ -92,3 +93,24 @@ async def test_a_judge_that_cannot_run_rolls_back_saying_so(tmp_path: Path) -> N
     assert "cannot be reached" in (attempt.record.error or "")
     assert (attempt.lost, attempt.duplicated) == (0, 0)
     assert attempt.last_by == SOURCE.name
+
+
+async def test_a_golden_session_in_the_policy_gates_the_migration(tmp_path: Path) -> None:
+    golden = (await record_reference_session(tmp_path / "recording")).golden
+    async with LocalDeployment(tmp_path / "dep", reference_images()) as dep:
+        await start_session(dep)
+        policy = MigrationPolicy(
+            validation=ValidationPolicy(
+                turns=0, gate=GatePolicy(judge="normalised"), goldens=[str(golden)]
+            )
+        )
+        rejected = await attempt_upgrade(dep, SOURCE, "refagent:v2-forgetful", policy)
+        assert rejected.record.phase is Phase.ROLLED_BACK
+        assert rejected.record.reason == "ValidationFailed"
+        assert f"on the golden session {golden}" in (rejected.record.error or "")
+        [verdict] = rejected.record.golden_validations
+        assert verdict.golden == str(golden) and not verdict.passed
+        accepted = await attempt_upgrade(dep, SOURCE, "refagent:v2-b", policy)
+        assert accepted.record.phase is Phase.SUCCEEDED, accepted.record.error
+        assert accepted.record.golden_validations[0].passed
+        assert all((a.lost, a.duplicated) == (0, 0) for a in (rejected, accepted))

@@ -388,6 +388,17 @@ class MigrationEngine:
         if self.validator is None:
             raise StepFailed("this engine's runtime cannot validate (no validator given)")
         validator = self.validator
+        if policy.goldens and not record.golden_validations:
+            verdicts = [
+                await validator.replay_golden(golden, spec.target.image, gate=policy.gate)
+                for golden in policy.goldens
+            ]
+            record = record.model_copy(update={"golden_validations": verdicts})
+            await self.records.save(record)
+            if failed := [v for v in verdicts if not v.passed]:
+                return self._failed(record, ValidationFailed(failed[0].message))
+        if policy.turns == 0:
+            return self._enter(record, Phase.FENCING)
         if record.validation_from is None:
             record = record.model_copy(
                 update={"validation_from": await self.control.head(spec.session)}

@@ -206,3 +206,9 @@ class Validator(Protocol):
         """``image`` answers those turns in a sandbox, from the state each started
         from; the gate's judge compares its answers with the owner's."""
         ...
+
+    async def replay_golden(
+        self, golden: str, image: str, *, gate: GatePolicy
+    ) -> ValidationSummary:
+        """``image`` answers a golden session in a sandbox; the gate's judge compares."""
+        ...

@@ -57,11 +57,15 @@ class ValidationPolicy(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    turns: int = Field(default=5, ge=1, description="Live turns to compare.")
+    turns: int = Field(default=5, ge=0, description="Live turns to compare (0: goldens only).")
     timeout_s: float = Field(
         default=60.0, gt=0, description="How long to wait for them; then judge what came."
     )
     gate: GatePolicy = Field(default_factory=GatePolicy)
+    goldens: list[str] = Field(
+        default_factory=list,
+        description="Golden sessions the target must also pass (files, on the local runtime).",
+    )
 
 
 class ValidationSummary(BaseModel):
@@ -75,8 +79,11 @@ class ValidationSummary(BaseModel):
     agreement: float
     threshold: float
     passed: bool
-    from_seq: int = Field(description="Turns whose inbound came after this seq were compared.")
-    to_seq: int
+    from_seq: int = Field(
+        default=0, description="Turns whose inbound came after this seq were compared."
+    )
+    to_seq: int = 0
+    golden: str | None = Field(default=None, description="The golden session, if one.")
     worst: list[str] = Field(
         default_factory=list, description="The worst disagreements: turn, score, reason."
     )
@@ -156,6 +163,7 @@ class MigrationRecord(BaseModel):
     catchup_entries_per_s: float | None = None
     validation_from: int | None = None
     validation: ValidationSummary | None = None
+    golden_validations: list[ValidationSummary] = Field(default_factory=list)
     recoveries: int = 0
     failed_phase: Phase | None = None
     reason: str | None = Field(

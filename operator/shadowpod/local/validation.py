@@ -18,9 +18,10 @@ from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.record import ValidationSummary
 from shadowpod.gates.gate import build_judge, chat_model, evaluate
+from shadowpod.gates.golden import GoldenFile, GoldenInvalid
 from shadowpod.gates.llm import JudgeUnavailable
 from shadowpod.gates.policy import GatePolicy
-from shadowpod.gates.replay import pairs_of
+from shadowpod.gates.replay import SandboxReport, pairs_of
 from shadowpod.gates.semantic import SemanticUnavailable
 from shadowpod.local.golden import record_golden, replay_in_sandbox
 from shadowpod.local.images import ImageMap
@@ -56,6 +57,17 @@ class LocalValidator:
                 return count, last
             cursor = entries[-1].seq
 
+    async def replay_golden(
+        self, golden: str, image: str, *, gate: GatePolicy
+    ) -> ValidationSummary:
+        path = Path(golden)
+        try:
+            recorded = GoldenFile.read(path)
+        except GoldenInvalid as exc:
+            raise ValidationUnavailable(str(exc)) from exc
+        report = await replay_in_sandbox(self.images.resolve(image), path)
+        return await self._judge(recorded, report, image, gate, golden=golden)
+
     async def compare(
         self, session: str, image: str, *, after_seq: int, to_seq: int, gate: GatePolicy
     ) -> ValidationSummary:
@@ -66,11 +78,23 @@ class LocalValidator:
             path = Path(workdir) / "live.jsonl"
             golden.write(path)
             report = await replay_in_sandbox(self.images.resolve(image), path)
+        summary = await self._judge(golden, report, image, gate)
+        return summary.model_copy(update={"from_seq": after_seq, "to_seq": to_seq})
+
+    async def _judge(
+        self,
+        recorded: GoldenFile,
+        report: SandboxReport,
+        image: str,
+        gate: GatePolicy,
+        *,
+        golden: str | None = None,
+    ) -> ValidationSummary:
         chat = None
         try:
             chat = chat_model(gate) if gate.judge == "llm" else None
             judge = build_judge(gate, agent_patterns=report.nondeterministic, chat=chat)
-            verdict = await evaluate(gate, judge, pairs_of(golden, report))
+            verdict = await evaluate(gate, judge, pairs_of(recorded, report))
         except (SemanticUnavailable, JudgeUnavailable, ValueError) as exc:
             raise ValidationUnavailable(f"the {gate.judge} judge cannot run: {exc}") from exc
         finally:
@@ -83,12 +107,12 @@ class LocalValidator:
             agreement=verdict.agreement,
             threshold=verdict.threshold,
             passed=verdict.passed,
-            from_seq=after_seq,
-            to_seq=to_seq,
+            golden=golden,
             worst=[
                 f"turn {v.turn} (score {v.score:.2f}): {v.reason}; source said "
                 f"{v.expected[:SHOWN]!r}, {image} said {v.got[:SHOWN]!r}"
                 for v in verdict.worst(WORST)
             ],
-            message=f"{image} {verdict.summary()}",
+            message=f"{image} {verdict.summary()}"
+            + (f" on the golden session {golden}" if golden else " on live turns"),
         )
