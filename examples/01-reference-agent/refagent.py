@@ -7,9 +7,13 @@ What it does with a message:
 - ``my name is <name>``  remembers the name (memory) and greets;
 - ``remember: <rule>``   learns a durable fact;
 - ``weather <city>``     calls the ``weather`` tool (idempotent);
-- ``charge <amount>``    calls the ``charge`` tool (a side effect: not idempotent);
+- ``charge <amount>``    calls the ``charge`` tool (a side effect: not idempotent; each
+                         run appends the amount to ``$REFAGENT_CHARGE_LOG``, if set);
 - ``sleep <seconds>``    takes that long to answer (a long turn);
 - ``what is my name?``   answers the name it remembers;
+- ``warm?``              tells its warm cache: an id drawn when the process started
+                         and the forecasts it looked up, kept in memory only (never
+                         journaled: a CRIU checkpoint carries it, a snapshot cannot);
 - anything else          is answered with a running turn count.
 
 On its first turn it registers a ``heartbeat`` schedule (every
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import sys
 
 from pydantic import JsonValue
@@ -37,6 +42,20 @@ from shadowpod.agent import Agent, OwnerContext, Turn
 
 HEARTBEAT_S = float(os.environ.get("REFAGENT_HEARTBEAT_S", "0"))
 INDEXER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
+# In memory only: this process's id, and what its weather tool looked up.
+WARM_CACHE_ID = secrets.token_hex(4)
+FORECASTS: dict[str, JsonValue] = {}
+
+
+def _ballast(megabytes: int) -> bytearray:
+    """Memory the process holds (``REFAGENT_BALLAST_MB``, for benchmarks of the CRIU
+    path): every page written, so each is a page a checkpoint must carry."""
+    ballast = bytearray(megabytes * 1024 * 1024)
+    ballast[::4096] = b"\x01" * len(range(0, len(ballast), 4096))
+    return ballast
+
+
+BALLAST = _ballast(int(os.environ.get("REFAGENT_BALLAST_MB", "0")))
 
 
 VARIANTS = ("plain", "reworded", "forgetful")
@@ -77,10 +96,18 @@ def build(version: int, variant: str = "plain") -> Agent:
     @agent.tool(idempotent=True)
     async def weather(city: str) -> JsonValue:
         forecasts = ["sun", "rain", "wind", "snow", "fog"]
-        return {"city": city, "forecast": forecasts[sum(map(ord, city)) % len(forecasts)]}
+        result: JsonValue = {
+            "city": city,
+            "forecast": forecasts[sum(map(ord, city)) % len(forecasts)],
+        }
+        FORECASTS[city] = result
+        return result
 
     @agent.tool(idempotent=False)
     async def charge(amount: str) -> JsonValue:
+        if log := os.environ.get("REFAGENT_CHARGE_LOG"):
+            with open(log, "a") as charges:  # noqa: ASYNC230 - one short line
+                charges.write(f"{amount}\n")
         return {"charged": amount, "receipt": f"r-{amount}"}
 
     # --- becoming owner ---------------------------------------------------------------
@@ -136,6 +163,9 @@ def build(version: int, variant: str = "plain") -> Agent:
         elif lowered.startswith("charge "):
             result = await turn.tool("charge", {"amount": text[len("charge ") :].strip()})
             await turn.reply(answer(turn, f"charged: {result}"), **meta)
+        elif lowered == "warm?":
+            cached = ", ".join(sorted(FORECASTS)) or "nothing"
+            await turn.reply(answer(turn, f"warm cache {WARM_CACHE_ID}: {cached}"), **meta)
         elif lowered.startswith("sleep "):
             await asyncio.sleep(float(text.split()[1]))
             await turn.reply(answer(turn, f"slept {text.split()[1]}s"), **meta)

@@ -32,6 +32,9 @@ T = TypeVar("T")
 GC_THRESHOLDS: Final = (20_000, 20, 20)
 # Set by whoever starts a Shadowpod process that must not outlive it: its pid.
 EXIT_WITH_PARENT_ENV: Final = "SHADOWPOD_EXIT_WITH_PARENT"
+# ``asyncio`` runs a process on asyncio's own loop instead of uvloop: an agent that is
+# to be checkpointed by CRIU needs it (see ``shadowpod.agent.checkpoint``).
+EVENT_LOOP_ENV: Final = "SHADOWPOD_EVENT_LOOP"
 _PR_SET_PDEATHSIG: Final = 1
 
 
@@ -69,7 +72,8 @@ class Terminated(SystemExit):
 
 
 def run(main: Coroutine[Any, Any, T], *, terminate_gracefully: bool = False) -> T:
-    """``asyncio.run`` on a uvloop event loop, with the collector tuned for latency.
+    """``asyncio.run`` on a uvloop event loop (asyncio's own with
+    ``SHADOWPOD_EVENT_LOOP=asyncio``), with the collector tuned for latency.
 
     ``terminate_gracefully``: SIGTERM cancels ``main`` as Ctrl-C does, so its clean-up
     runs — a command that started a gateway and agent processes stops them instead of
@@ -77,8 +81,9 @@ def run(main: Coroutine[Any, Any, T], *, terminate_gracefully: bool = False) -> 
     themselves, to drain.)
     """
     tune_gc()
+    runner = asyncio.run if os.environ.get(EVENT_LOOP_ENV) == "asyncio" else uvloop.run
     if not terminate_gracefully:
-        return uvloop.run(main)
+        return runner(main)
     terminated = False
 
     async def until_terminated() -> T:
@@ -94,7 +99,7 @@ def run(main: Coroutine[Any, Any, T], *, terminate_gracefully: bool = False) -> 
         return await main
 
     try:
-        return uvloop.run(until_terminated())
+        return runner(until_terminated())
     except asyncio.CancelledError:
         if terminated:
             raise Terminated() from None

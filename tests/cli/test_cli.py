@@ -99,6 +99,17 @@ def test_bench_journal_says_why_it_cannot_reach_postgres() -> None:
     assert "could not run" in result.stderr and "cannot reach PostgreSQL" in result.stderr
 
 
+def test_bench_migrate_with_criu_says_why_it_cannot_run_where_criu_cannot() -> None:
+    from shadowpod.local.criu import criu_unavailable
+
+    reason = criu_unavailable()
+    if reason is None:
+        pytest.skip("CRIU can run here: the benchmark would run (tests/image/test_criu.py)")
+    result = shadowpod("bench", "migrate", "--strategy", "criu", "--memory-mb", "10")
+    assert result.returncode == 2
+    assert "could not run" in result.stderr and reason in result.stderr
+
+
 def test_bench_migrate_prints_one_json_object_with_both_strategies() -> None:
     result = shadowpod(
         "bench", "migrate", "--quick", "--json", "--rate", "100", "--migrations", "2",

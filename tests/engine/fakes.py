@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.engine.ports import (
+    Checkpoint,
     FenceOutcome,
     FencePause,
     FenceTimedOut,
@@ -194,6 +195,35 @@ class FakeRuntime:
 
     def alive(self) -> set[str]:
         return {n for n, i in self.session.instances.items() if i.alive}
+
+
+class FakeCheckpointer:
+    """The engine's ``Checkpointer`` over a ``FakeRuntime``: a checkpoint holds the
+    source's watermark; a restored instance starts as a shadow at that watermark."""
+
+    def __init__(self, runtime: FakeRuntime) -> None:
+        self.runtime = runtime
+        self.taken: list[tuple[str, str, int]] = []  # (source, target, watermark)
+        self.restored: list[tuple[str, InstanceSpec]] = []
+        self.discarded: list[str] = []
+        self.failure: str | None = None  # why a checkpoint cannot be taken
+
+    async def checkpoint(self, source: str, target: str) -> Checkpoint:
+        self.runtime._reachable()
+        if self.failure is not None:
+            raise RuntimeFailure(self.failure)
+        instance = self.runtime.session.instances[source]
+        self.taken.append((source, target, instance.watermark))
+        return Checkpoint(
+            ref=f"checkpoint-{len(self.taken)}", watermark=instance.watermark, dump_ms=12.5
+        )
+
+    async def restore(self, checkpoint: str, spec: InstanceSpec) -> None:
+        await self.runtime.start(spec)
+        self.restored.append((checkpoint, spec))
+
+    async def discard(self, checkpoint: str) -> None:
+        self.discarded.append(checkpoint)
 
 
 class FakeControl:

@@ -31,7 +31,18 @@ async def serve_agent(agent: AgentDeclaration, settings: AgentSettings) -> int:
     runtime = AgentRuntime(agent, settings)
     runner = web.AppRunner(make_status_app(runtime), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, settings.host, settings.port, reuse_address=True).start()
+    site = web.TCPSite(runner, settings.host, settings.port, reuse_address=True)
+    await site.start()
+
+    async def rebind(host: str, port: int) -> None:
+        # A copy restored from a checkpoint, in a new place: its listener died with the
+        # dump (a stand-in took its place, see shadowpod.agent.checkpoint).
+        nonlocal site
+        await site.stop()
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+
+    runtime.rebind = rebind
     main = asyncio.create_task(runtime.run(), name="agent-runtime")
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

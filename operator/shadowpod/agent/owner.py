@@ -60,6 +60,7 @@ class OwnerLoop:
     _in_turn: bool
     _adopted: bool
     _stopping: bool
+    _relocating: bool
 
     @property
     def session(self) -> str:
@@ -289,6 +290,8 @@ class OwnerLoop:
         deadline = time.monotonic() + APPEND_RETRY_S
         failures = 0
         while True:
+            if self._relocating:  # a copy restored from a checkpoint: not the owner here
+                raise Superseded("restored from a checkpoint elsewhere: this copy writes nothing")
             try:
                 if self._channel is not None:
                     seqs = [seq for seq, _, _ in await self._channel.append(entries)]

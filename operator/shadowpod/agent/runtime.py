@@ -12,6 +12,16 @@ uncertain tool calls, and starts taking turns at the new epoch. An owner whose e
 is superseded stops taking work, drains its background processes, reports, and
 exits 0.
 
+A checkpoint (``checkpoint``) is a forked, stopped copy of this process that CRIU
+dumps (``shadowpod.agent.checkpoint``); the watermark it answers with is the state
+the copy holds. A copy restored somewhere else continues inside ``checkpoint``: it
+relocates (``_relocate``) — forgets the connections and background processes that
+were the source's, re-reads who and where it is now, serves its endpoints at its new
+address — and goes on as a shadow from the state it kept in memory, catching up from
+its own watermark, until the ExchangeFence names it owner. It cannot repeat anything
+the source did: the checkpoint is taken between turns, and until it is promoted it
+writes nothing (its appends are refused at once, ``_relocating``).
+
 An owner whose write the gateway refuses for good (``WriteRefused``) stops taking
 turns and stays up, failed: not ready, not healthy, the error in its status — a
 process that exited would take its reason with it, and a session that silently stops
@@ -23,11 +33,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, Literal, TypeVar
 
 from shadowpod.agent.appends import AppendLimits, WriteRefused, permanent
+from shadowpod.agent.checkpoint import CheckpointUnsupported, fork_for_checkpoint
 from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.agent.identity import Identity
 from shadowpod.agent.owner import TRANSIENT, OwnerLoop
@@ -51,7 +65,25 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 BACKOFF_S: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0)
 
+CHECKPOINT_POLL_S: Final = 0.005
+
 Mode = Literal["starting", "shadow", "owner", "draining", "stopped", "failed"]
+Rebind = Callable[[str, int], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class CheckpointTaken:
+    """A stopped copy of this process (``pid``), holding the state at ``watermark``."""
+
+    pid: int
+    watermark: int
+    epoch: int
+    instance: str
+    mode: str
+
+
+class CheckpointRefused(Exception):
+    """No checkpoint now: the reason says why (busy in a turn, the wrong mode)."""
 
 
 class AgentRuntime(OwnerLoop):
@@ -84,6 +116,12 @@ class AgentRuntime(OwnerLoop):
         self._in_turn = False
         self._adopted = False  # the session's adoption (see _become_owner) is journaled
         self._stopping = False
+        # A copy restored from a checkpoint, not yet relocated: writes nothing.
+        self._relocating = False
+        self._owning: asyncio.Task[None] | None = None
+        self._reapers: set[asyncio.Task[tuple[int, int]]] = set()
+        # Serves the status endpoints at a new address (set by whoever serves them).
+        self.rebind: Rebind | None = None
         self.snapshots = Snapshotter(
             self.identity.session, settings.snapshot_every, self._store_snapshot
         )
@@ -121,10 +159,12 @@ class AgentRuntime(OwnerLoop):
                 # Adopting the session (uncertain tool calls, the agent-state migration,
                 # the on_owner hook) needs the state at the head, not at the snapshot.
                 await self._catch_up()
-            if not self._stopping:
+            while not self._stopping:
                 self.mode = "owner"
                 self.ready = True
-                await self._own()
+                if not await self._owner_phase():
+                    break
+                await self._relocate()
             await self._drain()
             return 0
         except asyncio.CancelledError:
@@ -146,6 +186,106 @@ class AgentRuntime(OwnerLoop):
         self._stopping = True
         if not self._in_turn:
             main.cancel()
+
+    async def _owner_phase(self) -> bool:
+        """Own the session until superseded or stopped: ``False``; or until this process
+        finds itself restored from a checkpoint somewhere else: ``True``."""
+        self._owning = asyncio.create_task(self._own(), name="owner")
+        try:
+            await self._owning
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if not self._relocating or (task is not None and task.cancelling()):
+                raise
+        finally:
+            self._owning = None
+        return self._relocating
+
+    # --- checkpoints ------------------------------------------------------------------
+
+    async def checkpoint(self, output: Path | None, wait_s: float) -> CheckpointTaken:
+        """Fork a stopped copy of this process for CRIU to dump, between turns.
+
+        Waits up to ``wait_s`` for the turn in progress to end; no turn starts between
+        that and the fork (no ``await`` between them). In a copy restored from the
+        checkpoint this returns too — after relocating, as a shadow (``pid`` 0).
+        """
+        if self.mode != "owner" or self._owning is None:
+            raise CheckpointRefused(
+                f"this instance is {self.mode}: only a serving owner is checkpointed"
+            )
+        deadline = time.monotonic() + wait_s
+        while self._in_turn:
+            if time.monotonic() > deadline:
+                raise CheckpointRefused(f"a turn was still running after {wait_s:g}s")
+            await asyncio.sleep(CHECKPOINT_POLL_S)
+        taken = CheckpointTaken(
+            pid=0,
+            watermark=self.folder.watermark,
+            epoch=self.epoch,
+            instance=self.identity.instance,
+            mode=self.mode,
+        )
+        try:
+            pid = fork_for_checkpoint(asyncio.get_running_loop(), output)
+        except CheckpointUnsupported as exc:
+            raise CheckpointRefused(str(exc)) from None
+        if pid == 0:
+            self._restored()
+            return taken
+        reaper = asyncio.create_task(asyncio.to_thread(os.waitpid, pid, 0), name=f"reap-{pid}")
+        self._reapers.add(reaper)  # the copy ends when CRIU has dumped it
+        reaper.add_done_callback(self._reapers.discard)
+        logger.info(
+            "checkpoint forked",
+            extra={"session": self.session, "pid": pid, "watermark": taken.watermark},
+        )
+        return CheckpointTaken(pid, taken.watermark, taken.epoch, taken.instance, taken.mode)
+
+    def _restored(self) -> None:
+        """The first thing a restored copy does, before any other task runs: stop
+        acting as what it was. Its writes are refused from here on; its owner loop is
+        cancelled (the run loop then relocates it, see ``_owner_phase``)."""
+        self._relocating = True
+        self.ready = self.serving = False
+        if self._owning is not None:
+            self._owning.cancel()
+
+    async def _relocate(self) -> None:
+        """A restored copy, in its new place: a shadow of the session, with every
+        object it held in memory, at the watermark it was checkpointed at."""
+        self.mode = "starting"
+        if self._hook is not None and not self._hook.done():
+            self._hook.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._hook
+        self._hook = None
+        await self.snapshots.cancel()
+        # Its environment is the source's; the place says what differs here.
+        os.environ.update(Identity.environment(self.settings.identity_dir))
+        self.settings = AgentSettings.from_env()
+        # The background processes were the source's (a fork has no children): gone
+        # from this process's view without a signal, as the new owner starts its own.
+        self.processes = ProcessRegistry(self.settings.process_inventory)
+        await self.reconnect()
+        if self.rebind is not None:
+            await self.rebind(self.settings.host, self.settings.port)
+        self._adopted = self._superseded = False
+        self.promotion = self.catchup = None
+        self._awaiting = self._released = 0
+        self._relocating = False
+        self.mode = "shadow"
+        self.ready = True
+        logger.info(
+            "restored from a checkpoint",
+            extra={
+                "session": self.session,
+                "instance": self.identity.instance,
+                "watermark": self.folder.watermark,
+            },
+        )
+        await self._catch_up()
+        await self._shadow()
 
     # --- restoring and catching up ----------------------------------------------------
 

@@ -1,15 +1,24 @@
-"""The agent's own HTTP endpoints: health, readiness, status, state, snapshot on request."""
+"""The agent's own HTTP endpoints: health, readiness, status, state, snapshot and
+checkpoint on request."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import orjson
 from aiohttp import web
+from pydantic import ValidationError
 
-from shadowpod.agent.runtime import AgentRuntime
-from shadowpod.api.agent import AgentStatus, CatchUpReport, PromotionReport
+from shadowpod.agent.runtime import AgentRuntime, CheckpointRefused
+from shadowpod.api.agent import (
+    AgentStatus,
+    CatchUpReport,
+    CheckpointReport,
+    CheckpointRequest,
+    PromotionReport,
+)
 from shadowpod.domain.schema import dump_state
 
 RUNTIME = web.AppKey("runtime", AgentRuntime)
@@ -105,6 +114,31 @@ async def snapshot(request: web.Request) -> web.Response:
     return _json({"watermark": await runtime.snapshot()}, 201)
 
 
+async def checkpoint(request: web.Request) -> web.Response:
+    """Fork a stopped copy of this owner for CRIU to dump (``shadowpod.agent.checkpoint``).
+
+    A copy restored from it answers this same request too, in a connection that died
+    with the dump: nobody reads that answer.
+    """
+    try:
+        asked = CheckpointRequest.model_validate_json(await request.read() or b"{}")
+    except ValidationError as exc:
+        return _json({"reason": "BadRequest", "message": f"not a checkpoint request: {exc}"}, 400)
+    runtime = request.app[RUNTIME]
+    try:
+        taken = await runtime.checkpoint(
+            None if asked.output is None else Path(asked.output), asked.wait_s
+        )
+    except CheckpointRefused as exc:
+        return _json({"reason": "CheckpointRefused", "message": str(exc)}, 409)
+    except OSError as exc:
+        return _json({"reason": "CheckpointFailed", "message": f"cannot fork: {exc}"}, 500)
+    report = CheckpointReport(
+        pid=taken.pid, watermark=taken.watermark, epoch=taken.epoch, instance=taken.instance
+    )
+    return _json(report.model_dump(mode="json"), 201)
+
+
 def make_status_app(runtime: AgentRuntime) -> web.Application:
     app = web.Application()
     app[RUNTIME] = runtime
@@ -114,4 +148,5 @@ def make_status_app(runtime: AgentRuntime) -> web.Application:
     app.router.add_get("/v1/state", state)
     app.router.add_get("/v1/promotion", promotion)
     app.router.add_post("/v1/snapshot", snapshot)
+    app.router.add_post("/v1/checkpoint", checkpoint)
     return app

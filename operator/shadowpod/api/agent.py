@@ -59,3 +59,26 @@ class AgentStatus(_Reported):
     promotion: PromotionReport | None = None
     drained: list[ProcessReport] | None = None
     error: str | None = None
+
+
+class CheckpointRequest(BaseModel):
+    """``POST /v1/checkpoint``: fork a stopped copy of the owner for CRIU to dump."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output: str | None = Field(
+        default=None,
+        description="Where the restored copy's stdout and stderr go (default /dev/null).",
+    )
+    wait_s: float = Field(
+        default=5.0, ge=0, le=300, description="How long to wait for a turn to end."
+    )
+
+
+class CheckpointReport(_Reported):
+    """The copy: its pid (for ``criu dump -t``), and the state it holds."""
+
+    pid: int
+    watermark: int
+    epoch: int
+    instance: str

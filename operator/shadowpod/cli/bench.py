@@ -16,6 +16,7 @@ from rich.table import Table
 
 from shadowpod import eventloop
 from shadowpod.bench.chaos import BOUNDARIES, ChaosConfig, run_chaos
+from shadowpod.bench.criu import SIZES_MB, CriuBenchConfig, run_criu_bench
 from shadowpod.bench.gate import GateBenchConfig, run_gate_bench
 from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
@@ -116,7 +117,20 @@ def _print_journal(report: dict[str, Any]) -> None:
     help="Sessions sharing the rate; migrated in turn.",
 )
 @click.option(
-    "--strategy", type=click.Choice(["shadow", "restart"]), default="shadow", show_default=True
+    "--strategy",
+    type=click.Choice(["shadow", "restart", "criu"]),
+    default="shadow",
+    show_default=True,
+    help="criu: checkpoint/restore against the app-level path, by the agent's memory "
+    "(needs CRIU 4 and root, see docs/criu.md).",
+)
+@click.option(
+    "--memory-mb",
+    "memory_mb",
+    multiple=True,
+    type=click.IntRange(min=0),
+    help=f"With --strategy criu: the memory the agent holds, MB (repeat; "
+    f"default {', '.join(map(str, SIZES_MB))}).",
 )
 @click.option(
     "--compare",
@@ -146,6 +160,7 @@ def migrate(
     migrations: int,
     sessions: int,
     strategy: str,
+    memory_mb: tuple[int, ...],
     compare: int,
     quick: bool,
     max_backlog_s: float,
@@ -153,6 +168,10 @@ def migrate(
     check: bool,
 ) -> None:
     """Live migrations under client load: phase times, fence pause, client pause, invariants."""
+    if strategy == "criu":
+        criu = CriuBenchConfig(sizes_mb=memory_mb or SIZES_MB)
+        _run_and_report("CRIU migration", run_criu_bench(criu), _print_criu, as_json, check)
+        return
     config = MigrateBenchConfig(
         rate=rate,
         migrations=migrations,
@@ -164,6 +183,30 @@ def migrate(
     if quick:
         config = dataclasses.replace(config, warmup_s=0.5, gap_s=0.3, loop_steps=100_000)
     _run_and_report("migration", run_migrate_bench(config), _print_migrate, as_json, check)
+
+
+def _print_criu(report: dict[str, Any]) -> None:
+    table = Table(
+        title=f"migrate benchmark — criu {report['criu']} against the app-level path, "
+        f"{report['rate']:g} msg/s"
+    )
+    for column in ("memory", "checkpoint", "size", "restore", "total", "snapshot (state)"):
+        table.add_column(column, justify="right")
+    table.add_column("restore (state)", justify="right")
+    table.add_column("total (state)", justify="right")
+    for size in report["sizes"]:
+        criu, state = size["criu"], size["state"]
+        table.add_row(
+            f"{size['memory_mb']} MB",
+            f"{criu['checkpoint_ms']} ms",
+            f"{criu['checkpoint_mb']} MB",
+            f"{criu['restoring_ms']} ms",
+            f"{criu['total_ms']} ms",
+            f"{state['snapshotting_ms']} ms",
+            f"{state['restoring_ms']} ms",
+            f"{state['total_ms']} ms",
+        )
+    Console().print(table)
 
 
 def _print_migrate(report: dict[str, Any]) -> None:

@@ -29,6 +29,8 @@ from typing import Any, Final, TypeVar
 from shadowpod.domain.errors import SchemaTooNew, ShadowpodError
 from shadowpod.engine.fence_checks import bumped_to_target, fence_found, lift_stale_fence
 from shadowpod.engine.ports import (
+    Checkpointer,
+    CheckpointRestoreUnsupported,
     FenceOutcomeUnknown,
     FencePause,
     FenceTimedOut,
@@ -86,6 +88,10 @@ class InstanceFailed(StepFailed):
     reason = "InstanceFailed"
 
 
+class CheckpointNeedsSameImage(StepFailed):
+    reason = "CheckpointNeedsSameImage"
+
+
 class ValidationFailed(StepFailed):
     """The target's answers did not agree enough with the source's (upgrade gate)."""
 
@@ -101,9 +107,11 @@ class MigrationEngine:
         *,
         clock: Clock = time.time,
         poll_s: float = POLL_S,
+        checkpointer: Checkpointer | None = None,
         validator: Validator | None = None,
     ) -> None:
         self.runtime = runtime
+        self.checkpointer = checkpointer
         self.control = control
         self.records = records
         self.validator = validator
@@ -197,6 +205,8 @@ class MigrationEngine:
                 Phase.COMMITTED: self._restart_committed,
                 Phase.RESTORING: self._restart_restoring,
             }
+        if record.spec.strategy == "criu":
+            common[Phase.SNAPSHOTTING] = self._checkpointing
         return {
             **common,
             Phase.RESTORING: self._restoring,
@@ -268,6 +278,8 @@ class MigrationEngine:
                 f"{spec.target.image} reads agent state schemas {target.reads_state_schemas}, but "
                 f"{spec.source.image} writes v{source.state_schema}: add a migration to the target"
             )
+        if spec.strategy == "criu":
+            self._can_checkpoint(spec.source.image, spec.target.image)
         missing = await self.runtime.missing_credentials(spec.target.image, spec.credentials)
         if missing:
             raise CredentialsMissing(
@@ -307,6 +319,34 @@ class MigrationEngine:
         next_phase = Phase.STOPPING if record.spec.strategy == "restart" else Phase.RESTORING
         return self._enter(record, next_phase, snapshot_watermark=watermark)
 
+    def _can_checkpoint(self, source: str, target: str) -> Checkpointer:
+        if self.checkpointer is None:
+            raise CheckpointRestoreUnsupported(
+                "this runtime cannot checkpoint agent processes (no CRIU): use the "
+                "app-level state strategy"
+            )
+        if source != target:
+            raise CheckpointNeedsSameImage(
+                f"a checkpoint of {source} cannot be restored as {target}: a process image "
+                "only runs on its own binary; use the app-level state strategy to change images"
+            )
+        return self.checkpointer
+
+    async def _checkpointing(self, record: MigrationRecord) -> MigrationRecord:
+        """The criu strategy's Snapshotting: the source, checkpointed while it serves."""
+        spec = record.spec
+        checkpointer = self._can_checkpoint(spec.source.image, spec.target.image)
+        await self._alive(spec.source.name, "source")
+        taken = await checkpointer.checkpoint(spec.source.name, spec.target.name)
+        return self._enter(
+            record,
+            Phase.RESTORING,
+            snapshot_watermark=taken.watermark,
+            checkpoint=taken.ref,
+            checkpoint_ms=taken.dump_ms,
+            checkpoint_bytes=taken.bytes,
+        )
+
     async def _rolling_back(self, record: MigrationRecord) -> MigrationRecord:
         spec = record.spec
         # The fence first, the shadow after: an exchange whose answer was lost may still
@@ -321,8 +361,10 @@ class MigrationEngine:
                 fence=fence_found(record, ownership),
                 notes=[*record.notes, note],
             )
-        if spec.strategy == "shadow":
+        if spec.strategy in ("shadow", "criu"):
             await self.runtime.stop(spec.target.name, grace_s=spec.policy.drain_grace_s)
+        if record.checkpoint is not None and self.checkpointer is not None:
+            await self.checkpointer.discard(record.checkpoint)
         return self._enter(record, Phase.ROLLED_BACK)
 
     # --- shadow strategy --------------------------------------------------------------
@@ -331,15 +373,19 @@ class MigrationEngine:
         spec = record.spec
         status = await self.runtime.status(spec.target.name)
         if not status.alive:
-            await self.runtime.start(
-                InstanceSpec(
-                    name=spec.target.name,
-                    image=spec.target.image,
-                    session=spec.session,
-                    mode="shadow",
-                    snapshot=record.snapshot_watermark,
-                )
+            shadow = InstanceSpec(
+                name=spec.target.name,
+                image=spec.target.image,
+                session=spec.session,
+                mode="shadow",
+                snapshot=record.snapshot_watermark,
             )
+            if spec.strategy == "criu":
+                assert record.checkpoint is not None
+                checkpointer = self._can_checkpoint(spec.source.image, spec.target.image)
+                await checkpointer.restore(record.checkpoint, shadow)
+            else:
+                await self.runtime.start(shadow)
 
         async def ready() -> InstanceStatus | None:
             status = await self._alive(spec.target.name, "shadow")

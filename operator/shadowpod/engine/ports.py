@@ -6,6 +6,8 @@ adapter raises through them.
 - ``SessionControl`` is the gateway's control API: snapshots, the fence, ownership.
 - ``RecordStore`` keeps the migration record (a file, or the ``AgentMigration``
   status).
+- ``Checkpointer`` (optional, the ``criu`` strategy) checkpoints a serving instance
+  and restores the checkpoint as another instance, where the runtime can (CRIU).
 
 Errors: an adapter raises a ``ShadowpodError`` for anything it cannot do —
 ``Unavailable`` (``RuntimeUnavailable``, ``GatewayUnavailable``) when it cannot
@@ -131,6 +133,25 @@ class FenceOutcomeUnknown(ShadowpodError):
     reason = "FenceOutcomeUnknown"
 
 
+class CheckpointRestoreUnsupported(ShadowpodError):
+    """This runtime cannot checkpoint or restore an agent process (no CRIU here, or a
+    CRIU that cannot); the app-level state path can still move the session."""
+
+    reason = "CheckpointRestoreUnsupported"
+
+
+class Checkpoint(BaseModel):
+    """A checkpoint of an instance: the runtime's reference, and the watermark of the
+    state the checkpointed process holds (where its catch-up starts)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ref: str
+    watermark: int = Field(ge=0)
+    dump_ms: float = Field(ge=0, description="How long taking the checkpoint took.")
+    bytes: int = Field(default=0, ge=0, description="Its size: every memory page of the agent.")
+
+
 class Runtime(Protocol):
     """Raises ``RuntimeUnavailable`` or ``RuntimeFailure`` (see the module's docstring)."""
 
@@ -183,6 +204,26 @@ class SessionControl(Protocol):
 
     async def fence_pause(self, session: str) -> FencePause:
         """The wait of the first message the last fence held back, once measured."""
+        ...
+
+
+class Checkpointer(Protocol):
+    """Raises ``CheckpointRestoreUnsupported``, ``RuntimeUnavailable`` or
+    ``RuntimeFailure``. A checkpoint holds every memory page of the agent, its
+    secrets too: an implementation keeps it root-only and deletes it once restored or
+    discarded."""
+
+    async def checkpoint(self, source: str, target: str) -> Checkpoint:
+        """Checkpoint instance ``source`` while it serves, to become ``target``."""
+        ...
+
+    async def restore(self, checkpoint: str, spec: InstanceSpec) -> None:
+        """Start ``spec`` (a shadow) from the checkpoint ``checkpoint``; one already
+        running under that name is left alone."""
+        ...
+
+    async def discard(self, checkpoint: str) -> None:
+        """Delete a checkpoint that will not be restored. A gone one is fine."""
         ...
 
 

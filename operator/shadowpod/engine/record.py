@@ -48,7 +48,9 @@ TERMINAL: Final = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED})
 # Phases after which the new epoch may exist: from here on there is no rolling back.
 COMMITTED_PHASES: Final = frozenset({Phase.COMMITTED, Phase.DRAINING, Phase.SUCCEEDED})
 
-Strategy = Literal["shadow", "restart"]
+# ``criu``: the shadow is the source process itself, checkpointed while it serves and
+# restored elsewhere (same image only); then as ``shadow`` from CatchingUp on.
+Strategy = Literal["shadow", "restart", "criu"]
 
 
 class ValidationPolicy(BaseModel):
@@ -156,6 +158,11 @@ class MigrationRecord(BaseModel):
     source_epoch: int | None = None
     snapshot_request_seq: int | None = None
     snapshot_watermark: int | None = None
+    checkpoint: str | None = Field(
+        default=None, description="The runtime's reference of the CRIU checkpoint (criu)."
+    )
+    checkpoint_ms: float | None = Field(default=None, description="How long the dump took.")
+    checkpoint_bytes: int | None = Field(default=None, description="The checkpoint's size.")
     fence_attempts: int = 0
     fence: FenceInfo | None = None
     fence_pause_ms: float | None = None

@@ -16,7 +16,9 @@ again on the next pass.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Coroutine
 from contextlib import AsyncExitStack
 from typing import Any, Final
 
@@ -156,8 +158,9 @@ def registry(
         await reconcile_session(body, patch)
 
     @kopf.timer(*SESSIONS, interval=config.reconcile_interval_s, registry=reg)
-    async def session_timer(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        await reconcile_session(body, patch)
+    async def session_timer(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
+        # Kopf passes timers their `stopped` too (TimerFn's type does not declare it).
+        await _unless_stopped(reconcile_session(body, patch), kwargs["stopped"])
 
     @kopf.on.delete(*SESSIONS, registry=reg)
     async def session_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
@@ -241,6 +244,25 @@ def registry(
             ctx().count_session(key, seen.phase, ready=seen.ready)
 
     return reg
+
+
+async def _unless_stopped(work: Coroutine[Any, Any, None], stopped: kopf.DaemonStopped) -> None:
+    """Run ``work`` until it ends or ``stopped`` is set, then cancel it. Kopf never
+    cancels a timer: one mid-pass when its session goes or the operator stops would be
+    left running, orphaned, with its connections open."""
+    task = asyncio.ensure_future(work)
+    halt = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait({task, halt}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        halt.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await halt
+    if task.cancelled():
+        return
+    task.result()
 
 
 async def _failed(

@@ -98,7 +98,7 @@ def _memory_kept(load: ClientLoad, name: str) -> Check:
 
 
 def _state_at_fence(succeeded: Sequence[MigrationOutcome]) -> Check:
-    shadowed = [m for m in succeeded if m.record.spec.strategy == "shadow"]
+    shadowed = [m for m in succeeded if m.record.spec.strategy != "restart"]
     compared = [m for m in shadowed if m.state_matches is not None]
     matched = sum(m.state_matches is True for m in compared)
     detail = f"{matched} of {len(compared)} promoted states matched the journal fold"

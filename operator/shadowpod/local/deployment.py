@@ -21,6 +21,7 @@ from shadowpod.engine.record import (
     MigrationSpec,
     Strategy,
 )
+from shadowpod.local.criu import CriuRuntime
 from shadowpod.local.gateway_process import GatewayProcess
 from shadowpod.local.images import ImageMap
 from shadowpod.local.records import FileRecordStore
@@ -36,15 +37,25 @@ class LocalDeployment:
         *,
         journal_url: str | None = None,
         warm_spares: bool = False,
+        checkpoints: bool = False,
     ) -> None:
+        """``checkpoints``: agents that CRIU can checkpoint (``shadowpod.local.criu``),
+        and migrations with the ``criu`` strategy; no warm spares then."""
         # Absolute: instances and the gateway are told paths that must not depend on
         # the directory they run in.
         workdir = workdir.absolute()
         self.workdir = workdir
         self.gateway = GatewayProcess(workdir / "gateway", journal_url=journal_url)
-        self.runtime = LocalRuntime(
-            images, gateway_url=self.gateway.url, workdir=workdir, warm_spares=warm_spares
-        )
+        self.checkpointer: CriuRuntime | None = None
+        if checkpoints:
+            self.runtime: LocalRuntime = CriuRuntime(
+                images, gateway_url=self.gateway.url, workdir=workdir
+            )
+            self.checkpointer = self.runtime
+        else:
+            self.runtime = LocalRuntime(
+                images, gateway_url=self.gateway.url, workdir=workdir, warm_spares=warm_spares
+            )
         self.records = FileRecordStore(workdir / "migrations")
         self.admin = GatewayClient(self.gateway.url, self.gateway.control_token)
         self.control = GatewayControl(self.admin)
@@ -52,6 +63,7 @@ class LocalDeployment:
             self.runtime,
             self.control,
             self.records,
+            checkpointer=self.checkpointer,
             validator=LocalValidator(self.admin, images),
         )
         self._names = itertools.count(1)

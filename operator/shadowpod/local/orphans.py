@@ -153,7 +153,18 @@ def _tagged(pid: int, tag: str) -> bool:
         environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:  # gone, or another user's
         return False
-    return f"{TAG_ENV}={tag}".encode() in environ.split(b"\0")
+    return f"{TAG_ENV}={tag}".encode() in environ.split(b"\0") and not _elsewhere(pid)
+
+
+def _elsewhere(pid: int) -> bool:
+    """In a pid namespace other than ours: a process restored from a checkpoint (see
+    ``shadowpod.local.criu``), which keeps the environment — the tag too — of the
+    instance it was checkpointed from, but is another instance. Its namespace ends
+    with it, and takes what it started along."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return False
 
 
 def _stat_fields(pid: int) -> list[str]:

@@ -98,6 +98,7 @@ class LiveScenario:
         on_phase: Callable[[MigrationRecord], None] | None = None,
         warm_spares: bool = False,
         journal_url: str | None = None,
+        checkpoints: bool = False,
     ) -> None:
         if sessions < 1:
             raise ValueError("a scenario needs at least one session")
@@ -109,6 +110,7 @@ class LiveScenario:
             images or reference_images(heartbeat_s),
             warm_spares=warm_spares,
             journal_url=journal_url,
+            checkpoints=checkpoints,
         )
         self.policy = policy or MigrationPolicy()
         self.on_phase = on_phase
