@@ -21,6 +21,7 @@ from aiohttp import web
 from shadowpod import eventloop, logs
 from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.agent.runtime import AgentRuntime
+from shadowpod.agent.sandbox import run_sandbox, sandbox_requested
 from shadowpod.agent.server import make_status_app
 from shadowpod.agent.settings import AgentSettings
 from shadowpod.agent.termination import write_termination_message
@@ -89,6 +90,8 @@ def run_agent(agent: AgentDeclaration) -> None:
         os.environ.get("SHADOWPOD_LOG_LEVEL", "info"),
         os.environ.get("SHADOWPOD_LOG_FORMAT", "json"),
     )
+    if sandbox_requested():  # an upgrade gate's replay: no session, no gateway
+        sys.exit(run_sandbox(agent))
     try:
         settings = AgentSettings.from_env()
     except ValueError as exc:

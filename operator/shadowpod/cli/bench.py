@@ -17,6 +17,7 @@ from rich.table import Table
 from shadowpod import eventloop
 from shadowpod.bench.chaos import BOUNDARIES, ChaosConfig, run_chaos
 from shadowpod.bench.criu import SIZES_MB, CriuBenchConfig, run_criu_bench
+from shadowpod.bench.gate import GateBenchConfig, run_gate_bench
 from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 from shadowpod.cli.errors import fail, interrupted
@@ -246,6 +247,38 @@ def _print_migrate(report: dict[str, Any]) -> None:
         )
     Console().print(facts)
     Console().print(f"machine: {_machine(report)}")
+
+
+@bench.command("gate")
+@click.option("--rate", default=200.0, show_default=True, type=click.FloatRange(min=1))
+@click.option("--migrations", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--turns", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def gate(rate: float, migrations: int, turns: int, as_json: bool) -> None:
+    """Shadow compare's cost: client latency and migration time with and without it."""
+    config = GateBenchConfig(rate=rate, migrations=migrations, turns=turns)
+    try:
+        report = eventloop.run(run_gate_bench(config), terminate_gracefully=True)
+    except KeyboardInterrupt:
+        interrupted()
+    except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why
+        fail(f"the benchmark could not run: {exc}", 2)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for key in ("without_gate", "with_gate"):
+        series = report[key]
+        during = series["latency_ms_during_migrations"]
+        click.echo(
+            f"{key.replace('_', ' ')}: migrations {series['results']}, total p50 "
+            f"{series['migration_total_s']['p50']:.3f} s; reply latency during migrations "
+            f"p50 {during['p50']} ms, p99 {during['p99']} ms ({during['messages']} messages); "
+            f"lost/duplicated/reordered {list(series['invariants'].values())}"
+        )
+    click.echo(
+        f"p99 with / without: {report['p99_ratio_during_migrations']}; "
+        f"added migration time p50: {report['added_migration_s_p50']} s"
+    )
 
 
 @bench.command("chaos")

@@ -99,6 +99,8 @@ def reference_images(heartbeat_s: float = 0.0) -> ImageMap:
     """The reference agent's two versions (used by the demo, the benchmarks and tests).
 
     ``refagent:v2-b`` is v2 under another tag: a move that is not an upgrade.
+    ``refagent:v2-reworded`` and ``refagent:v2-forgetful`` are v2 saying the same in
+    other words, and v2 regressed (it forgets the user's name): upgrade gates' tests.
     """
     env = {"REFAGENT_HEARTBEAT_S": str(heartbeat_s)}
     script = "{examples}/01-reference-agent/refagent.py"
@@ -118,6 +120,13 @@ def reference_images(heartbeat_s: float = 0.0) -> ImageMap:
                 },
                 "refagent:v2": v2,
                 "refagent:v2-b": v2,
+                **{
+                    f"refagent:v2-{variant}": {
+                        **v2,
+                        "command": ["{python}", script, "--version", "2", "--variant", variant],
+                    }
+                    for variant in ("reworded", "forgetful")
+                },
             }
         }
     )
