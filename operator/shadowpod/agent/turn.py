@@ -19,6 +19,7 @@ from pydantic import JsonValue
 
 from shadowpod.agent.appends import fitting_id
 from shadowpod.agent.tools import ToolSpec
+from shadowpod.domain.deltas import Owned, apply_ops, diff
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import (
     FactOp,
@@ -32,6 +33,9 @@ from shadowpod.domain.payloads import (
     Role,
     ScheduleOp,
     SchedulePayload,
+    StateKey,
+    StateOp,
+    StateOpKind,
     StatePayload,
     ToolCallPayload,
     ToolResultPayload,
@@ -161,7 +165,11 @@ class Turn(OwnerContext):
         self.inbound = inbound
         self._tools = tools
         self._state_schema = state_schema
-        self.values: dict[str, JsonValue] = dict(values)  # the agent's own state, to change
+        # The agent's own state, to change. Its containers are shared with the session's
+        # state: build new ones (``[*old, new]``) or use ``append``/``set``/``delete``,
+        # never change one in place.
+        self.values: dict[str, JsonValue] = dict(values)
+        self._owned: Owned = {}  # containers of ``values`` this turn copied itself
         # Values migrated to this agent's schema for the turn must replace the stored
         # ones whole: a partial update would mix two schemas.
         self._values_before: dict[str, JsonValue] | None = None if replaces_values else dict(values)
@@ -286,21 +294,51 @@ class Turn(OwnerContext):
         )
         await self._append([*self.take_outputs(), entry])
 
+    def append(self, path: str | Sequence[StateKey], *items: JsonValue) -> None:
+        """Add ``items`` at the end of the list at ``path`` (a key of ``values``, or a
+        path into them), made if missing. Journaled as an append of the items alone."""
+        self._change(StateOp(op=StateOpKind.APPEND, path=_path(path), items=list(items)))
+
+    def set(self, path: str | Sequence[StateKey], value: JsonValue) -> None:
+        """Set ``value`` at ``path`` (keys of objects, indexes of lists)."""
+        self._change(StateOp(op=StateOpKind.SET, path=_path(path), value=value))
+
+    def delete(self, path: str | Sequence[StateKey]) -> None:
+        """Remove the key (or list item) at ``path``; nothing if it is not there."""
+        self._change(StateOp(op=StateOpKind.DELETE, path=_path(path)))
+
+    def _change(self, op: StateOp) -> None:
+        # Copy-on-write, as the reducer: the containers on the path are copied once per
+        # turn, so the session's state (and ``values`` as the turn found them) stay as
+        # they were; ``state_entry`` finds the change by comparing the two.
+        error = apply_ops(self.values, [op], self._owned)
+        if error is not None:
+            raise ValueError(f"cannot {op.op.value} {error.partition(': ')[2]}")
+
     def state_entry(self) -> NewEntry | None:
-        """The agent-state change of this turn, if ``values`` changed (or were migrated)."""
+        """The agent-state change of this turn, if ``values`` changed (or were migrated).
+
+        Written as deltas (``shadowpod.domain.deltas``): a list that grew is journaled
+        as its new items, a changed key as its new value, so a turn's write is the size
+        of its change, not of the state.
+        """
         before = self._values_before
-        if before is not None and self.values == before:
+        if before is None:  # migrated: replaces the stored values whole
+            payload = StatePayload(
+                values=self.values, replace=True, schema_version=self._state_schema, turn=self.seq
+            )
+            return NewEntry.of(payload, id=f"t{self.seq}:state")
+        ops = diff(before, self.values)
+        if ops == []:
             return None
-        replace = before is None or bool(before.keys() - self.values.keys())
-        changed = (
-            self.values
-            if replace or before is None
-            else {k: v for k, v in self.values.items() if before.get(k, _DELETED) != v}
-        )
-        payload = StatePayload(
-            values=changed,
-            replace=replace,
-            schema_version=self._state_schema,
-            turn=self.seq,
+        schema = self._state_schema
+        payload = (
+            StatePayload(values=self.values, replace=True, schema_version=schema, turn=self.seq)
+            if ops is None
+            else StatePayload(ops=ops, schema_version=schema, turn=self.seq)
         )
         return NewEntry.of(payload, id=f"t{self.seq}:state")
+
+
+def _path(path: str | Sequence[StateKey]) -> list[StateKey]:
+    return [path] if isinstance(path, str) else list(path)
