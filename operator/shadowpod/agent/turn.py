@@ -170,6 +170,7 @@ class Turn(OwnerContext):
         # never change one in place.
         self.values: dict[str, JsonValue] = dict(values)
         self._owned: Owned = {}  # containers of ``values`` this turn copied itself
+        self._state_saves = 0
         # Values migrated to this agent's schema for the turn must replace the stored
         # ones whole: a partial update would mix two schemas.
         self._values_before: dict[str, JsonValue] | None = None if replaces_values else dict(values)
@@ -246,35 +247,55 @@ class Turn(OwnerContext):
         if spec is None:
             raise KeyError(f"no tool named {name!r}; register it with @agent.tool()")
         self._tool_calls += 1
-        call_id = f"{self.seq}:{self._tool_calls}"
-        args = args or {}
+        call_args = args or {}
+
+        async def run() -> JsonValue:
+            return await spec.fn(**call_args)
+
+        return await self.call(
+            f"{self.seq}:{self._tool_calls}", name, call_args, run, idempotent=spec.idempotent
+        )
+
+    async def call(
+        self,
+        call_id: str,
+        tool: str,
+        args: dict[str, JsonValue],
+        run: Callable[[], Awaitable[JsonValue]],
+        *,
+        idempotent: bool,
+    ) -> JsonValue:
+        """Run ``run`` as the tool call ``call_id`` (a framework's own id, such as
+        LangChain's ``tool_call_id``, unique in the session): the same journaling and
+        the same answers after an owner change as ``tool``. ``ToolAbandoned`` when it
+        may have run and must not be repeated, ``ToolFailed`` when it failed."""
         known = self.state.tools.calls.get(call_id)
         if known is not None and known.status is CallStatus.OK:
             return known.result
         if known is not None and known.status is CallStatus.ERROR:
-            raise ToolFailed(call_id, name, known.error or "")
+            raise ToolFailed(call_id, tool, known.error or "")
         if known is not None and known.status is CallStatus.ABANDONED:
-            raise ToolAbandoned(call_id, name)
-        if known is not None and not spec.idempotent:  # intent without result
+            raise ToolAbandoned(call_id, tool)
+        if known is not None and not idempotent:  # intent without result
             await self._record_result(
                 call_id, ToolStatus.ABANDONED, error="outcome unknown after an owner change"
             )
-            raise ToolAbandoned(call_id, name)
+            raise ToolAbandoned(call_id, tool)
         if known is None:
             intent = NewEntry.of(
                 ToolCallPayload(
-                    call_id=call_id, tool=name, args=args, idempotent=spec.idempotent, turn=self.seq
+                    call_id=call_id, tool=tool, args=args, idempotent=idempotent, turn=self.seq
                 ),
-                id=f"tool:{call_id}",
+                id=fitting_id(f"tool:{call_id}"),
             )
             await self._append([*self.take_outputs(), intent])
         try:
-            result = await spec.fn(**args)
+            result = await run()
         except Exception as exc:
             await self._record_result(
                 call_id, ToolStatus.ERROR, error=f"{type(exc).__name__}: {exc}"
             )
-            raise ToolFailed(call_id, name, str(exc)) from exc
+            raise ToolFailed(call_id, tool, str(exc)) from exc
         await self._record_result(call_id, ToolStatus.OK, result=result)
         return result
 
@@ -290,7 +311,7 @@ class Turn(OwnerContext):
             ToolResultPayload(
                 call_id=call_id, status=status, result=result, error=error, turn=self.seq
             ),
-            id=f"tool-result:{call_id}",
+            id=fitting_id(f"tool-result:{call_id}"),
         )
         await self._append([*self.take_outputs(), entry])
 
@@ -315,7 +336,27 @@ class Turn(OwnerContext):
         if error is not None:
             raise ValueError(f"cannot {op.op.value} {error.partition(': ')[2]}")
 
+    def save_state(self) -> None:
+        """Journal the change of ``values`` so far with this turn's next write (a tool
+        call's intent, or the end of the turn), not only when the turn ends.
+
+        For a framework that resumes from its own saved state (LangGraph's
+        checkpoints): if this owner dies mid-turn, the next owner redoes the turn on
+        ``values`` as saved here — e.g. from the model's answer that asked for a tool,
+        so it asks for the same calls, under the same ids. An agent that recomputes
+        its state from the turn's start must not call it.
+        """
+        if (entry := self._state_change(f"t{self.seq}:state:{self._state_saves + 1}")) is None:
+            return
+        self._state_saves += 1
+        self._outputs.append(entry)
+        self._values_before = dict(self.values)
+        self._owned = {}  # the containers of ``values`` are now shared with what was saved
+
     def state_entry(self) -> NewEntry | None:
+        return self._state_change(f"t{self.seq}:state")
+
+    def _state_change(self, entry_id: str) -> NewEntry | None:
         """The agent-state change of this turn, if ``values`` changed (or were migrated).
 
         Written as deltas (``shadowpod.domain.deltas``): a list that grew is journaled
@@ -327,7 +368,7 @@ class Turn(OwnerContext):
             payload = StatePayload(
                 values=self.values, replace=True, schema_version=self._state_schema, turn=self.seq
             )
-            return NewEntry.of(payload, id=f"t{self.seq}:state")
+            return NewEntry.of(payload, id=entry_id)
         ops = diff(before, self.values)
         if ops == []:
             return None
@@ -337,7 +378,7 @@ class Turn(OwnerContext):
             if ops is None
             else StatePayload(ops=ops, schema_version=schema, turn=self.seq)
         )
-        return NewEntry.of(payload, id=f"t{self.seq}:state")
+        return NewEntry.of(payload, id=entry_id)
 
 
 def _path(path: str | Sequence[StateKey]) -> list[StateKey]:
