@@ -22,6 +22,7 @@ from shadowpod.agent.tools import ToolSpec
 from shadowpod.domain.deltas import Owned, apply_ops, diff
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import (
+    MAX_STATE_OPS,
     FactOp,
     FactPayload,
     MemoryOp,
@@ -170,6 +171,11 @@ class Turn(OwnerContext):
         # never change one in place.
         self.values: dict[str, JsonValue] = dict(values)
         self._owned: Owned = {}  # containers of ``values`` this turn copied itself
+        # Ops made by ``append``/``set``/``delete``, journaled as they are, and what each
+        # top-level key they changed held after them: a key still holding that is not
+        # compared again (a large log changed by a few ops costs those ops, not a walk).
+        self._ops: list[StateOp] = []
+        self._op_roots: dict[str, object] = {}
         self._state_saves = 0
         # Values migrated to this agent's schema for the turn must replace the stored
         # ones whole: a partial update would mix two schemas.
@@ -315,13 +321,14 @@ class Turn(OwnerContext):
         )
         await self._append([*self.take_outputs(), entry])
 
-    def append(self, path: str | Sequence[StateKey], *items: JsonValue) -> None:
+    def append(self, path: str | Sequence[StateKey], *items: object) -> None:
         """Add ``items`` at the end of the list at ``path`` (a key of ``values``, or a
         path into them), made if missing. Journaled as an append of the items alone."""
         self._change(StateOp(op=StateOpKind.APPEND, path=_path(path), items=list(items)))
 
-    def set(self, path: str | Sequence[StateKey], value: JsonValue) -> None:
-        """Set ``value`` at ``path`` (keys of objects, indexes of lists)."""
+    def set(self, path: str | Sequence[StateKey], value: object) -> None:
+        """Set ``value`` at ``path`` (keys of objects, indexes of lists). Values are
+        checked to be JSON here, so what a serializer returns needs no cast."""
         self._change(StateOp(op=StateOpKind.SET, path=_path(path), value=value))
 
     def delete(self, path: str | Sequence[StateKey]) -> None:
@@ -331,10 +338,14 @@ class Turn(OwnerContext):
     def _change(self, op: StateOp) -> None:
         # Copy-on-write, as the reducer: the containers on the path are copied once per
         # turn, so the session's state (and ``values`` as the turn found them) stay as
-        # they were; ``state_entry`` finds the change by comparing the two.
+        # they were.
         error = apply_ops(self.values, [op], self._owned)
         if error is not None:
             raise ValueError(f"cannot {op.op.value} {error.partition(': ')[2]}")
+        self._ops.append(op)
+        key = op.path[0]
+        assert isinstance(key, str)
+        self._op_roots[key] = self.values.get(key, _DELETED)
 
     def save_state(self) -> None:
         """Journal the change of ``values`` so far with this turn's next write (a tool
@@ -352,6 +363,7 @@ class Turn(OwnerContext):
         self._outputs.append(entry)
         self._values_before = dict(self.values)
         self._owned = {}  # the containers of ``values`` are now shared with what was saved
+        self._ops, self._op_roots = [], {}
 
     def state_entry(self) -> NewEntry | None:
         return self._state_change(f"t{self.seq}:state")
@@ -369,9 +381,19 @@ class Turn(OwnerContext):
                 values=self.values, replace=True, schema_version=self._state_schema, turn=self.seq
             )
             return NewEntry.of(payload, id=entry_id)
-        ops = diff(before, self.values)
+        # Keys changed by ops alone are journaled by those ops; any other key (one
+        # assigned since, too) by comparing what it held before and holds now.
+        by_ops = {k for k, root in self._op_roots.items() if self.values.get(k, _DELETED) is root}
+        explicit = [op for op in self._ops if op.path[0] in by_ops]
+        rest = diff(
+            {k: v for k, v in before.items() if k not in by_ops},
+            {k: v for k, v in self.values.items() if k not in by_ops},
+        )
+        ops = None if rest is None else [*explicit, *rest]
         if ops == []:
             return None
+        if ops is not None and len(ops) > MAX_STATE_OPS:
+            ops = None
         schema = self._state_schema
         payload = (
             StatePayload(values=self.values, replace=True, schema_version=schema, turn=self.seq)
