@@ -19,6 +19,7 @@ from shadowpod.bench.chaos import BOUNDARIES, ChaosConfig, run_chaos
 from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 from shadowpod.cli.errors import fail, interrupted
+from shadowpod.cli.subject import agent_options, agent_under_test
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_PG = "postgresql://127.0.0.1:5432/test"
@@ -140,6 +141,7 @@ def _print_journal(report: dict[str, Any]) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
+@agent_options
 def migrate(
     rate: float,
     migrations: int,
@@ -150,9 +152,14 @@ def migrate(
     max_backlog_s: float,
     as_json: bool,
     check: bool,
+    **agent_options: Any,
 ) -> None:
-    """Live migrations under client load: phase times, fence pause, client pause, invariants."""
+    """Live migrations under client load: phase times, fence pause, client pause, invariants.
+
+    Any agent: --images map.yaml --from A --to B [--relocate B2] (replies carry
+    meta.version)."""
     config = MigrateBenchConfig(
+        agent=agent_under_test(**agent_options),
         rate=rate,
         migrations=migrations,
         sessions=sessions,
