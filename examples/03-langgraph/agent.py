@@ -35,8 +35,9 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import tools_condition
+from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
 from pydantic import JsonValue
 
@@ -115,8 +116,16 @@ async def send_email(to: str, text: str) -> str:
     return f"sent to {to}"
 
 
-def build_graph(saver: ShadowpodSaver) -> Any:
+def build_graph(checkpointer: BaseCheckpointSaver[Any]) -> Any:
+    """The graph, with any checkpointer (``shadowpod bench langgraph`` runs it with
+    LangGraph's own ``SqliteSaver`` too); its tool calls are journaled when it is
+    Shadowpod's."""
     model = ScriptedChatModel().bind_tools([lookup, send_email])
+    tools = (
+        tool_node(checkpointer, [lookup, send_email], idempotent={"lookup"})
+        if isinstance(checkpointer, ShadowpodSaver)
+        else ToolNode([lookup, send_email])
+    )
 
     async def call_model(state: MessagesState) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
@@ -132,13 +141,13 @@ def build_graph(saver: ShadowpodSaver) -> Any:
 
     builder = StateGraph(MessagesState)
     builder.add_node("model", call_model)
-    builder.add_node("tools", tool_node(saver, [lookup, send_email], idempotent={"lookup"}))
+    builder.add_node("tools", tools)
     builder.add_node("approval", approval)
     builder.add_conditional_edges(START, route, ["approval", "model"])
     builder.add_conditional_edges("model", tools_condition, ["tools", END])
     builder.add_edge("tools", "model")
     builder.add_edge("approval", END)
-    return builder.compile(checkpointer=saver)
+    return builder.compile(checkpointer=checkpointer)
 
 
 def make_agent(version: str) -> Agent:

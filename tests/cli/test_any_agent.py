@@ -57,3 +57,18 @@ def test_an_image_not_in_the_map_is_refused_naming_the_known_ones(tmp_path: Path
     )
     assert result.returncode == 2
     assert "'lg:v9' is not in the local image map (known: lg:v1, lg:v2)" in result.stderr
+
+
+def test_bench_langgraph_compares_the_two_checkpointers_in_one_json_object() -> None:
+    result = shadowpod("bench", "langgraph", "--quick", "--json", timeout=180)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    ours = report["savers"]["shadowpod"]["by_turns"]
+    theirs = report["savers"]["langgraph_sqlite"]["by_turns"]
+    assert set(ours) == set(theirs) == {"10", "100"}
+    # Shadowpod's write per turn stays flat; the SQLite saver's grows with the history.
+    assert report["targets"]["shadowpod_turn_bytes_flat"]["met"] is True
+    assert theirs["100"]["one_more_turn_bytes"] > 3 * theirs["10"]["one_more_turn_bytes"]
+    assert theirs["100"]["bytes_stored"] > 5 * ours["100"]["bytes_stored"]
+    assert report["targets"]["turn_bytes_cheaper_at_1000"]["met"] is None  # not run
+    assert report["machine"]["cpus"] >= 1
