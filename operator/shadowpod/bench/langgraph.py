@@ -15,8 +15,15 @@ with each checkpointer, and at each length the benchmark measures one more turn
   in process: no HTTP), the journal folded as an owner folds it. Bytes: the journal
   file.
 
-A turn's time is measured from the graph's start to its outputs being durable. The
-figures are the machine's (shared, 2 cores: see ``machine``); the SQLite saver is not
+A turn's time is measured from the graph's start to its outputs being durable; most
+of it, at length, is LangGraph's own work on the whole conversation (``add_messages``
+indexes every message each step), the same with either saver. So the checkpointer's
+own share is measured apart: the time spent inside the saver's methods (for
+Shadowpod: those, computing the turn's state entry, and the durable append of the
+turn's outputs); LangGraph writes a step's task results concurrently, so this time
+may overlap itself and exceed the turn's. Both run with ``durability="sync"``
+(each checkpoint durable before the next step, as a migration needs). The figures
+are the machine's (shared, 2 cores: see ``machine``); the SQLite saver is not
 driven past ``sqlite_max_turns`` (its file at 10,000 turns would be ~100 times the
 one at 1,000).
 """
@@ -29,7 +36,7 @@ import sqlite3
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -85,6 +92,33 @@ def _file_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
+class _Stopwatch:
+    """The seconds spent inside some of an object's coroutine methods."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, target: Any, *names: str) -> None:
+        for name in names:
+            method = getattr(target, name)
+
+            async def timed(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await _method(*args, **kwargs)
+                finally:
+                    self.seconds += time.perf_counter() - started
+
+            setattr(target, name, timed)
+
+    def lap(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+SAVER_METHODS: Final = ("aget_tuple", "aput", "aput_writes")
+
+
 class _Owner:
     """What an owner does for one session, in process: turns on the folded state,
     their outputs appended durably to the journal store, and folded back."""
@@ -93,6 +127,8 @@ class _Owner:
         self.store = store
         self.handler = graph_handler(saver, graph)
         self.folder = StateFolder(SessionState())
+        self.saving = _Stopwatch()
+        self.saving.wrap(saver, *SAVER_METHODS)
 
     async def _append(self, entries: list[NewEntry], epoch: int | None) -> list[int]:
         appended = await self.store.append(SESSION, entries, owner_epoch=epoch)
@@ -103,8 +139,9 @@ class _Owner:
         )
         return [a.seq for a in appended]
 
-    async def turn(self, content: str) -> float:
-        """One turn; the seconds from the graph's start to its outputs being durable."""
+    async def turn(self, content: str) -> tuple[float, float]:
+        """One turn: the seconds from the graph's start to its outputs being durable,
+        and those of them spent saving its checkpoints."""
         inbound = NewEntry.of(MessagePayload(role=Role.USER, content=content))
         (seq,) = await self._append([inbound], None)
         state = self.folder.peek()
@@ -121,12 +158,14 @@ class _Owner:
             processes=None,  # type: ignore[arg-type]  # this agent starts none
         )
         await self.handler(turn)
+        ended = time.perf_counter()
         outputs = turn.take_outputs()
         if (entry := turn.state_entry()) is not None:
             outputs.append(entry)
         outputs.append(NewEntry.of(AckPayload(turn=seq), id=f"ack:{seq}"))
         await self._append(outputs, 1)
-        return time.perf_counter() - started
+        now = time.perf_counter()
+        return now - started, self.saving.lap() + (now - ended)
 
 
 async def _shadowpod(config: LangGraphBenchConfig, workdir: Path) -> dict[str, Any]:
@@ -146,12 +185,18 @@ async def _sqlite(config: LangGraphBenchConfig, workdir: Path) -> dict[str, Any]
     lengths = tuple(n for n in config.lengths if n <= config.sqlite_max_turns)
     async with AsyncSqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
         graph = _build_graph()(saver)
+        saving = _Stopwatch()
+        saving.wrap(saver, *SAVER_METHODS)
         runs = {"configurable": {"thread_id": "main"}}
 
-        async def turn(content: str) -> float:
+        async def turn(content: str) -> tuple[float, float]:
             started = time.perf_counter()
-            await graph.ainvoke({"messages": [HumanMessage(content=content)]}, runs)
-            return time.perf_counter() - started
+            # Durable before the next step, as Shadowpod's runs are (``run_graph``): the
+            # time inside the saver is then its own, not overlapping the graph's.
+            await graph.ainvoke(
+                {"messages": [HumanMessage(content=content)]}, runs, durability="sync"
+            )
+            return time.perf_counter() - started, saving.lap()
 
         result = await _drive(
             config, lengths, turn, lambda: _file_bytes(workdir / "checkpoints.db")
@@ -169,7 +214,7 @@ async def _sqlite(config: LangGraphBenchConfig, workdir: Path) -> dict[str, Any]
 async def _drive(
     config: LangGraphBenchConfig,
     lengths: tuple[int, ...],
-    turn: Callable[[str], Any],
+    turn: Callable[[str], Awaitable[tuple[float, float]]],
     size: Callable[[], int],
 ) -> dict[str, Any]:
     """Drive the conversation to each length; there, measure ``samples`` more turns."""
@@ -182,13 +227,16 @@ async def _drive(
             done += 1
         filled_s = time.perf_counter() - started
         stored = size()
-        times = []
+        times, saving = [], []
         for _ in range(config.samples):
-            times.append(await turn(MESSAGE.format(n=done)))
+            took, saved = await turn(MESSAGE.format(n=done))
+            times.append(took)
+            saving.append(saved)
             done += 1
         by_length[str(length)] = {
             "one_more_turn_ms_p50": round(statistics.median(times) * 1000, 2),
             "one_more_turn_ms_max": round(max(times) * 1000, 2),
+            "checkpointer_ms_p50": round(statistics.median(saving) * 1000, 2),
             # What one more turn added to the file (its growth over the samples).
             "one_more_turn_bytes": round((size() - stored) / config.samples),
             "bytes_stored": stored,
@@ -254,6 +302,9 @@ def _ratios(sqlite: dict[str, Any], shadowpod: dict[str, Any]) -> dict[str, Any]
         if ours is None:
             continue
         ratios[length] = {
+            "checkpointer_ms": round(
+                theirs["checkpointer_ms_p50"] / max(ours["checkpointer_ms_p50"], 1e-9), 2
+            ),
             "one_more_turn_ms": round(
                 theirs["one_more_turn_ms_p50"] / max(ours["one_more_turn_ms_p50"], 1e-9), 2
             ),

@@ -440,7 +440,8 @@ def _print_langgraph(report: dict[str, Any]) -> None:
     table = Table(title="LangGraph checkpointers — one more turn as the conversation grows")
     table.add_column("turns", justify="right")
     for label in ("Shadowpod", "SqliteSaver"):
-        table.add_column(f"{label}\nms p50", justify="right")
+        table.add_column(f"{label}\nturn ms", justify="right")
+        table.add_column(f"{label}\nsaver ms", justify="right")
         table.add_column(f"{label}\nbytes/turn", justify="right")
         table.add_column(f"{label}\nstored", justify="right")
     savers = report["savers"]
@@ -449,10 +450,11 @@ def _print_langgraph(report: dict[str, Any]) -> None:
         for saver in ("shadowpod", "langgraph_sqlite"):
             found = savers[saver]["by_turns"].get(length)
             row += (
-                ["not run"] * 3
+                ["not run"] * 4
                 if found is None
                 else [
                     str(found["one_more_turn_ms_p50"]),
+                    str(found["checkpointer_ms_p50"]),
                     f"{found['one_more_turn_bytes']:,}",
                     f"{found['bytes_stored']:,}",
                 ]
