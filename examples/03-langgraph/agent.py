@@ -12,6 +12,7 @@ asks it. What it does with a message:
 - ``email <to> <text>`` — calls ``send_email`` (a side effect: takes
   ``$EMAIL_DELAY_S`` seconds; never repeated);
 - ``both <city> <to>`` — both tools in one model answer (parallel tool calls);
+- ``chain <to> <city>`` — two rounds: the email, then, seeing its result, the lookup;
 - ``approve <text>`` — asks the user first (a LangGraph ``interrupt``); the next
   message (``yes`` or anything else) answers it, whichever process owns the session;
 - anything else — ``you said: <text> (<n> messages so far)``, ``n`` counted in the
@@ -67,6 +68,11 @@ class ScriptedChatModel(BaseChatModel):
     def _answer(self, messages: list[BaseMessage]) -> AIMessage:
         last = messages[-1]
         if isinstance(last, ToolMessage):
+            human = messages[_last_human(messages)]
+            if human.text.startswith("chain ") and last.name == "send_email":
+                city = human.text.split()[-1]
+                call = {"name": "lookup", "args": {"city": city}, "id": f"call-{human.id}-lookup"}
+                return AIMessage(content="", tool_calls=[call])
             results = [m for m in messages[_last_human(messages) :] if isinstance(m, ToolMessage)]
             return AIMessage(content="; ".join(f"{m.name}: {m.text}" for m in results))
         asked = last.text
@@ -80,6 +86,10 @@ class ScriptedChatModel(BaseChatModel):
             calls = [
                 {"name": "send_email", "args": {"to": to, "text": text}, "id": f"{base}-email"}
             ]
+        elif command == "chain":  # two rounds: the email, then (seeing its result) the lookup
+            to, _, city = rest.partition(" ")
+            args = {"to": to, "text": city}
+            calls = [{"name": "send_email", "args": args, "id": f"{base}-email"}]
         elif command == "both":
             city, _, to = rest.partition(" ")
             calls = [

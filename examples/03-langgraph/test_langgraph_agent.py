@@ -241,3 +241,48 @@ async def test_an_email_cut_short_by_the_owners_death_is_never_sent_again(
     calls = [c["id"] for m in messages if m.type == "ai" for c in m.tool_calls]
     results = {m.tool_call_id: m.status for m in messages if m.type == "tool"}
     assert len(calls) == 2 and results == {calls[0]: "success", calls[1]: "error"}
+
+
+async def test_a_turn_redone_from_its_first_round_of_tools_saves_its_second_anew(
+    tmp_path: Path,
+) -> None:
+    """The old owner saved the turn's first round (the email) and died in it; the new
+    owner resumes there and saves the second round (the lookup) itself: its saves
+    are its own, never taken for repeats of the old owner's."""
+    async with LocalDeployment(tmp_path, images(tmp_path)) as dep, dep.client() as client:
+        await dep.create_session(SESSION, image="lg:v1-slow-email", instance="v1")
+        chain = await say(client, "chain dave Oslo")
+        deadline = time.monotonic() + 20
+        while "email dave Oslo" not in tool_runs(tmp_path):
+            assert time.monotonic() < deadline, "the email never started"
+            await asyncio.sleep(0.05)
+        await dep.runtime.kill("v1")
+        await dep.admin.set_ownership(SESSION, OwnershipChange(expect_epoch=1, epoch=2, owner="v2"))
+        await dep.runtime.start(
+            InstanceSpec(name="v2", image="lg:v2", session=SESSION, mode="owner", epoch=2)
+        )
+        await dep.wait_serving("v2")
+        await answered(dep.admin, [chain])
+        after = await say(client, "and now?")
+        entries = await answered(dep.admin, [after])
+
+    assert said(entries, chain).startswith("send_email: Not run again: ")
+    assert said(entries, chain).endswith("; lookup: sunny in Oslo")
+    assert sorted(tool_runs(tmp_path)) == ["email dave Oslo", "lookup Oslo"]
+    assert said(entries, after) == "you said: and now? (2 messages so far)"
+    state = fold(SessionState(), entries)
+    assert state.extensions == []  # every delta applied: none was lost as a "repeat"
+    _, graph, config = history(entries)
+    kinds = [
+        (m.type, getattr(m, "status", None)) for m in graph.get_state(config).values["messages"]
+    ]
+    assert kinds == [
+        ("human", None),
+        ("ai", None),
+        ("tool", "error"),
+        ("ai", None),
+        ("tool", "success"),
+        ("ai", None),
+        ("human", None),
+        ("ai", None),
+    ]

@@ -357,7 +357,11 @@ class Turn(OwnerContext):
         so it asks for the same calls, under the same ids. An agent that recomputes
         its state from the turn's start must not call it.
         """
-        if (entry := self._state_change(f"t{self.seq}:state:{self._state_saves + 1}")) is None:
+        # The epoch is in the id: a save is relative to the state its writer found, and a
+        # turn redone by a new owner (from what the old one saved of it) saves anew —
+        # never to be taken for a repeat of the old owner's save of the same number.
+        entry_id = f"t{self.seq}:e{self.epoch}:state:{self._state_saves + 1}"
+        if (entry := self._state_change(entry_id)) is None:
             return
         self._state_saves += 1
         self._outputs.append(entry)
@@ -366,6 +370,8 @@ class Turn(OwnerContext):
         self._ops, self._op_roots = [], {}
 
     def state_entry(self) -> NewEntry | None:
+        # As every output of a turn: a turn redone after its old owner journaled this
+        # (its ack then lost) is absorbed as a repeat.
         return self._state_change(f"t{self.seq}:state")
 
     def _state_change(self, entry_id: str) -> NewEntry | None:
