@@ -1,5 +1,6 @@
 """Fixtures of the image tests: the images built for real, hardened containers, a
-gateway container.
+gateway container; the API-server emulator and the kubelet stand-in in container mode
+(pods as containers of the image).
 
 The image tests build the image (minutes from cold) and run containers, so
 ``make test`` skips them, saying so: they run with ``make image-test``
@@ -13,18 +14,32 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Final
 
+import kmock
 import pytest
 
-from tests.image.docker import Containers, Images, build_images, docker_unavailable
+from shadowpod.local.images import ImageMap
+from tests.image.docker import (
+    LABEL,
+    Containers,
+    Images,
+    build_images,
+    docker_unavailable,
+    remove_orphans,
+)
 from tests.image.support import (
     GatewayContainer,
     loopback_address,
     shared_with_container,
     wait_ready,
 )
+from tests.kube.connection import KubeConnection
+from tests.kube.emulator import ApiServerEmulator
+from tests.kube.kubelet import Kubelet
+from tests.kube.kubelet.docker import DockerContainers
 
 ENABLE_ENV: Final = "SHADOWPOD_IMAGE_TESTS"
 CONTROL_TOKEN: Final = "image-test-control-token"
+OPERATOR_CRDS: Final = Path(__file__).resolve().parents[2] / "crds"
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -47,7 +62,9 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
 @pytest.fixture
 async def containers() -> AsyncIterator[Containers]:
     """Start containers with ``containers.run(...)``; all are removed afterwards, and
-    their logs printed (pytest shows them when the test failed)."""
+    their logs printed (pytest shows them when the test failed). Those of an earlier
+    run that was killed are removed first."""
+    await remove_orphans(LABEL)
     running = Containers()
     try:
         yield running
@@ -89,3 +106,41 @@ async def gateway(
     url = f"http://{host}:{port}"
     await wait_ready(f"{url}/readyz", container)
     return GatewayContainer(url, CONTROL_TOKEN, container, journal)
+
+
+@pytest.fixture
+async def emulator() -> AsyncIterator[ApiServerEmulator]:
+    """The API-server emulator of tests/kube, serving the operator's CRDs."""
+    async with ApiServerEmulator(crds=[OPERATOR_CRDS]) as server, kmock.Server(server):
+        yield server
+    assert server.internal_errors == []
+
+
+@pytest.fixture
+def kube(emulator: ApiServerEmulator, tmp_path: Path) -> KubeConnection:
+    directory = tmp_path / "kube"
+    directory.mkdir()
+    connection = KubeConnection.to_emulator(str(emulator.url).rstrip("/"), directory)
+    shared_with_container(directory)  # the operator's container reads the kubeconfig
+    return connection
+
+
+@pytest.fixture
+async def kubelet(kube: KubeConnection, tmp_path: Path) -> AsyncIterator[Kubelet]:
+    """The kubelet stand-in in container mode, one node; its containers are all removed
+    when it stops (and checked to be)."""
+    docker_mode = DockerContainers()
+    workdir = tmp_path / "kubelet"
+    try:
+        async with (
+            kube.api() as api,
+            Kubelet(api, ImageMap(images={}), workdir, docker=docker_mode) as running,
+        ):
+            await running.add_node("node-1")
+            yield running
+    finally:
+        for log in sorted(workdir.glob("pods/*/containers/*/log")):
+            print(f"--- {log.relative_to(workdir)} ---\n{log.read_text(errors='replace')}")
+        left = await docker_mode.listed()
+        await docker_mode.remove_all()
+    assert left == [], f"the kubelet left containers behind: {left}"

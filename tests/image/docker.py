@@ -33,6 +33,54 @@ HARDENED: Final = (
 LABEL: Final = "dev.shadowpod.image-test"  # on every container a test starts
 
 
+def owner_value() -> str:
+    """A label value naming this test process: its pid namespace and pid (whether it
+    is gone can only be told from the same pid namespace)."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid").strip("pid:[]")
+    except OSError:
+        namespace = "unknown"
+    return f"{namespace}.{os.getpid()}"
+
+
+def orphaned(value: str) -> bool:
+    """Whether ``value`` (``owner_value()``'s, maybe with more after a dot) names a
+    test process of this pid namespace that is gone: its containers are left over."""
+    parts = value.split(".")
+    if len(parts) < 2 or not parts[1].isdigit() or parts[0] != owner_value().split(".")[0]:
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+async def labelled(label: str) -> dict[str, str]:
+    """{container name: its ``label``'s value} of every container that has it."""
+    out = await docker(
+        "ps", "--all", "--filter", f"label={label}", "--format", "{{json .}}", timeout_s=30
+    )
+    found = {}
+    for line in out.splitlines():
+        entry = json.loads(line)
+        labels = dict(
+            part.split("=", 1) for part in entry.get("Labels", "").split(",") if "=" in part
+        )
+        found[entry["Names"]] = labels.get(label, "")
+    return found
+
+
+async def remove_orphans(label: str) -> list[str]:
+    """Remove the containers with ``label`` that a killed test process left; their names."""
+    orphans = sorted(name for name, value in (await labelled(label)).items() if orphaned(value))
+    for name in orphans:
+        await docker("rm", "--force", "--volumes", name, check=False, timeout_s=60)
+    return orphans
+
+
 class DockerError(RuntimeError):
     pass
 
@@ -169,7 +217,7 @@ class Containers:
     ) -> Container:
         """``mounts``: host path -> container path, read-only; ``writable``: read-write."""
         name = f"shadowpod-test-{uuid.uuid4().hex[:10]}"
-        options = [*HARDENED, f"--name={name}", f"--label={LABEL}={os.getpid()}"]
+        options = [*HARDENED, f"--name={name}", f"--label={LABEL}={owner_value()}"]
         for key, value in (env or {}).items():
             options.append(f"--env={key}={value}")
         for source, target in (mounts or {}).items():

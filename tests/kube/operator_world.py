@@ -1,13 +1,18 @@
 """The operator's test world: the emulated API, a kubelet running pods as processes,
 a real gateway, and the operator in a Kopf thread — with helpers to read what a user
-would read (``kubectl get ags/agm``, pods, events) and to drive client load."""
+would read (``kubectl get ags/agm``, pods, events), to drive client load, to bump a
+session's image and to check the client-side invariants.
+
+The image tests (tests/image) use the same world with the gateway, the operator and
+the agents in containers of the real image."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes_asyncio import client
 
@@ -20,8 +25,10 @@ from shadowpod.kube.handlers import registry
 from shadowpod.kube.metrics import OperatorMetrics
 from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.kube.records import RECORD_ANNOTATION
+from shadowpod.local.checks import session_checks
 from shadowpod.local.gateway_process import GatewayProcess
 from shadowpod.local.load import ClientLoad
+from shadowpod.local.outcome import MigrationOutcome
 from tests.kube.connection import KubeConnection
 from tests.kube.kopf_thread import OperatorThread
 from tests.kube.support import eventually
@@ -43,12 +50,22 @@ def session_manifest(name: str, image: str = "refagent:v1", **spec: Any) -> dict
     }
 
 
+class Gateway(Protocol):
+    """A running gateway: a process here, or a container of the image."""
+
+    @property
+    def url(self) -> str: ...
+
+    @property
+    def control_token(self) -> str: ...
+
+
 class World:
     def __init__(
         self,
         api: client.ApiClient,
         kube: KubeConnection,
-        gateway: GatewayProcess,
+        gateway: Gateway,
         namespace: str,
     ) -> None:
         self.raw = KubeApi(api)
@@ -161,6 +178,27 @@ class World:
 
     def client(self) -> GatewayClient:
         return GatewayClient(self.gateway.url)
+
+
+async def bump(world: World, session: str, image: str) -> str:
+    """Change the session's image; the AgentMigration the operator creates for it."""
+    body = await world.raw.patch(world.path("agentsessions", session), {"spec": {"image": image}})
+    assert body is not None
+    wanted = names.image_migration(session, body["metadata"]["generation"])
+    await eventually(lambda: world.migration(wanted), timeout=30)
+    return wanted
+
+
+def invariants(load: Load, migrations: list[dict[str, Any]]) -> dict[str, str]:
+    """The demo's client-side checks, from the migrations' records: what broke."""
+    outcomes = [
+        MigrationOutcome(record=World.record(m), started=0.0, ended=time.monotonic())
+        for m in migrations
+    ]
+    checks = session_checks(outcomes, load.load, [], name=NAME)
+    wanted = {"lost", "duplicated", "reordered", "one version per reply", "migrations succeeded"}
+    wanted.add("new versions answer with v1's memory")
+    return {c.name: c.detail for c in checks if c.name in wanted and c.measured and not c.ok}
 
 
 async def reply_counts(client: GatewayClient, session: str) -> dict[int, int]:

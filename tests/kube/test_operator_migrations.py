@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -15,11 +14,9 @@ from shadowpod.engine.record import MigrationRecord
 from shadowpod.kube import names
 from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.kube.records import MigrationRecords
-from shadowpod.local.checks import session_checks
-from shadowpod.local.outcome import MigrationOutcome
 from tests.kube.kubelet import Kubelet
 from tests.kube.nodes import cordon, drain
-from tests.kube.operator_world import NAME, Load, World, session_manifest
+from tests.kube.operator_world import Load, World, bump, invariants, session_manifest
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(300)
@@ -32,27 +29,6 @@ def manual_migration(name: str, session: str, **target: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"sessionRef": {"name": session}, "target": target},
     }
-
-
-async def bump(world: World, session: str, image: str) -> str:
-    """Change the session's image; the AgentMigration the operator creates for it."""
-    body = await world.raw.patch(world.path("agentsessions", session), {"spec": {"image": image}})
-    assert body is not None
-    wanted = names.image_migration(session, body["metadata"]["generation"])
-    await eventually(lambda: world.migration(wanted), timeout=30)
-    return wanted
-
-
-def invariants(load: Load, migrations: list[dict[str, Any]]) -> dict[str, str]:
-    """The demo's client-side checks, from the migrations' records: what broke."""
-    outcomes = [
-        MigrationOutcome(record=World.record(m), started=0.0, ended=time.monotonic())
-        for m in migrations
-    ]
-    checks = session_checks(outcomes, load.load, [], name=NAME)
-    wanted = {"lost", "duplicated", "reordered", "one version per reply", "migrations succeeded"}
-    wanted.add("new versions answer with v1's memory")
-    return {c.name: c.detail for c in checks if c.name in wanted and c.measured and not c.ok}
 
 
 async def test_an_image_bump_migrates_live_under_load_with_nothing_lost_or_doubled(

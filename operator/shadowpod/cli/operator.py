@@ -65,7 +65,12 @@ CANNOT_RUN = 1
 )
 @click.option("--criu/--no-criu", default=False, show_default=True, help="Allow the CRIU path.")
 @click.option(
-    "--reconcile-interval", default=5.0, show_default=True, type=click.FloatRange(0.1, 3600)
+    "--reconcile-interval",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 3600),
+    help="Seconds between a session's safety-net checks (pod and node events and a"
+    " finished migration trigger one at once); each costs one gateway and two API reads.",
 )
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info")
 @click.option(

@@ -20,10 +20,11 @@ class OperatorConfig(BaseModel):
         default=None, description="Unset: in-cluster credentials, else $KUBECONFIG."
     )
     reconcile_interval_s: float = Field(
-        default=10.0,
+        default=30.0,
         gt=0,
-        description="How often a session's owner is checked (a dead owner is replaced"
-        " within this; a steady pass costs one gateway read and two API reads).",
+        description="How often a session is checked in any case (an owner pod's change, a"
+        " cordon and a finished migration trigger a check at once; a steady pass costs"
+        " one gateway read and two API reads).",
     )
     deletion_attempts: int = Field(
         default=5,

@@ -178,10 +178,21 @@ def registry(
         while not stopped:
             try:
                 await migrations.run(ctx(), raw, stopped)
-                return
             except (ShadowpodError, ValidationError) as exc:
                 await _failed(ctx(), raw, "AgentMigration", exc, None)
                 await stopped.wait(5.0)
+                continue
+            # Its session is looked at now: an image change queued behind this
+            # migration starts at once, not at the session's next timer.
+            meta = raw["metadata"]
+            ref = (raw.get("spec") or {}).get("sessionRef") or {}
+            if not stopped and ref.get("name"):
+                session = await ctx().api.get(
+                    namespaced("agentsessions", meta["namespace"], ref["name"])
+                )
+                if session is not None:
+                    await _poke(session)
+            return
 
     @kopf.on.delete(*MIGRATIONS, registry=reg)
     async def migration_deleted(body: kopf.Body, **_: Any) -> None:

@@ -117,10 +117,8 @@ def drain_report(
     )
 
 
-def descendants(root: int) -> list[int]:
-    """Every process below ``root`` now, found through /proc (children in other process
-    groups and sessions included: background processes start their own). Only while
-    ``root`` lives: orphans are re-parented, which is why instances are tagged."""
+def process_children() -> dict[int, list[int]]:
+    """The process tree now, from /proc: each parent's children."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -128,6 +126,16 @@ def descendants(root: int) -> list[int]:
         fields = _stat_fields(int(entry.name))
         if fields:
             children.setdefault(int(fields[1]), []).append(int(entry.name))
+    return children
+
+
+def descendants(root: int, children: dict[int, list[int]] | None = None) -> list[int]:
+    """Every process below ``root`` now, found through /proc (children in other process
+    groups and sessions included: background processes start their own). Only while
+    ``root`` lives: orphans are re-parented, which is why instances are tagged.
+    ``children``: a tree read a moment ago by ``process_children``, shared by callers
+    that ask about many roots at once (reading /proc costs one file per process)."""
+    children = process_children() if children is None else children
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), []):

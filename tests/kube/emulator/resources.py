@@ -5,6 +5,7 @@ server)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,9 +37,10 @@ class ServedResource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    @property
+    @functools.cached_property
     def key(self) -> kmock.resource:
-        """The resource its objects are stored under (one storage version for all)."""
+        """The resource its objects are stored under (one storage version for all).
+        Cached: building a ``kmock.resource`` is slow, and every read asks for it."""
         return kmock.resource(self.group, self.storage_version or self.version, self.plural)
 
     @property

@@ -32,9 +32,10 @@ from tests.kube.emulator.store import ObjectStore
 from tests.kube.emulator.watching import Change, WatchCache, Watcher
 
 DEFAULT_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
-# With keep_requests off, the request log kmock matches reactions against is cut to this
-# (a request is matched as soon as it is logged, before the next one can be).
-RECENT_REQUESTS = 8
+# With keep_requests off, the request log kmock matches reactions against is cut to this.
+# One is enough: a request is matched as soon as it is logged, with no await between
+# (kmock checks each reaction by scanning the log: the matching costs its length).
+RECENT_REQUESTS = 1
 
 
 def _status_ok(code: int = 201) -> dict[str, Any]:

@@ -69,10 +69,15 @@ def _required(lookup: Lookup, plural: str, name: str, optional: bool) -> Mapping
 
 
 def environment(
-    pod: Mapping[str, Any], container: Mapping[str, Any], image: LocalImage, lookup: Lookup
+    pod: Mapping[str, Any], container: Mapping[str, Any], image: LocalImage | None, lookup: Lookup
 ) -> dict[str, str]:
-    env: dict[str, str] = {key: os.environ[key] for key in BASE_ENV if key in os.environ}
-    env.update(image.env)
+    """The container's environment: a local image's (with this machine's basics, PATH
+    …) under the pod's; with ``image`` ``None`` (a Docker container, whose image brings
+    its own), the pod's alone."""
+    env: dict[str, str] = {}
+    if image is not None:
+        env.update({key: os.environ[key] for key in BASE_ENV if key in os.environ})
+        env.update(image.env)
     for source in container.get("envFrom") or []:
         prefix = source.get("prefix", "")
         if "secretRef" in source:

@@ -12,6 +12,11 @@
 - honours graceful deletion: SIGTERM, the grace period, SIGKILL, then the pod goes;
 - ``lose_node``: a node and its pods vanish at once (processes killed, Node deleted).
 
+``docker=DockerContainers()`` is the container mode: each container runs as a Docker
+container of its image (``docker.py``: host network, read-only root, user 65532, no
+capabilities, the pod's environment and files), every one of them removed when its pod
+goes and when the kubelet stops.
+
 ``run_processes=False`` is the "no process" mode: pods become Running and Ready at once
 and nothing runs (for benchmarks of many sessions). Cordon and drain go through the
 API only (``nodes.py``), so they work on a real cluster as well.
@@ -30,10 +35,14 @@ from typing import Any
 from kubernetes_asyncio import client
 
 from shadowpod.local.images import ImageMap
+from shadowpod.local.orphans import process_children
 from tests.kube.emulator.selectors import LabelSelector
 from tests.kube.emulator.store import now
 from tests.kube.kubelet import api as raw
-from tests.kube.kubelet.pods import PodWorker
+from tests.kube.kubelet.docker import DockerContainers
+from tests.kube.kubelet.pods import PodWorker, stop
+
+TREE_TTL = 0.25  # seconds a read of the host's process tree serves every pod
 
 PodKey = tuple[str, str]
 
@@ -46,11 +55,13 @@ class Kubelet:
         workdir: Path,
         *,
         run_processes: bool = True,
+        docker: DockerContainers | None = None,
     ) -> None:
         self.api = api
-        self.images = images
+        self.images = images  # unused in container mode: Docker has the images
         self.workdir = workdir
         self.run_processes = run_processes
+        self.docker = docker
         self.nodes: dict[str, str] = {}  # node name -> its host address
         self.pods: dict[PodKey, dict[str, Any]] = {}  # every pod in the cluster, as watched
         self.node_objects: dict[str, dict[str, Any]] = {}
@@ -62,10 +73,13 @@ class Kubelet:
         )
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._tree: tuple[float, dict[int, list[int]]] = (float("-inf"), {})
 
     # --- lifecycle ----------------------------------------------------------------------
 
     async def __aenter__(self) -> Kubelet:
+        if self.docker is not None:
+            await self.docker.remove_orphans()
         listed = await raw.call(self.api, "GET", "/api/v1/pods")
         self.pods = {self._key(pod): pod for pod in listed["items"]}
         nodes = await raw.call(self.api, "GET", "/api/v1/nodes")
@@ -83,12 +97,13 @@ class Kubelet:
 
     async def __aexit__(self, *_: object) -> None:
         for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for worker in list(self.workers.values()):
-            await worker.kill()
+            await stop(task)
+        try:
+            for worker in list(self.workers.values()):
+                await worker.kill()
+        finally:
+            if self.docker is not None:
+                await self.docker.remove_all()
 
     async def add_node(self, name: str, labels: Mapping[str, str] | None = None) -> None:
         address = next(self._addresses)
@@ -135,6 +150,15 @@ class Kubelet:
     def worker(self, namespace: str, name: str) -> PodWorker | None:
         pod = self.pods.get((namespace, name))
         return None if pod is None else self.workers.get(pod["metadata"]["uid"])
+
+    def process_children(self) -> dict[int, list[int]]:
+        """The host's process tree, read from /proc at most every ``TREE_TTL`` seconds:
+        every pod's worker asks each tick, and fifty pods each reading every process's
+        stat file ten times a second would take the whole event loop."""
+        now_ = asyncio.get_running_loop().time()
+        if now_ - self._tree[0] >= TREE_TTL:
+            self._tree = (now_, process_children())
+        return self._tree[1]
 
     def next_address(self) -> str:
         in_use = {worker.ip for worker in self.workers.values()}

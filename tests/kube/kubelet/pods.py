@@ -1,4 +1,9 @@
-"""``PodWorker``: one pod on an emulated node, from start to deletion."""
+"""``PodWorker``: one pod on an emulated node, from start to deletion.
+
+Each container runs as a local process, or — in the kubelet's container mode — as a
+Docker container (``docker.py``) whose ``docker start --attach`` process stands for it
+here: the container's output is that process's, its exit code the container's.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import aiohttp
 
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 from shadowpod.local.orphans import descendants
+from tests.image.docker import DockerError
 from tests.kube.emulator.store import now
 from tests.kube.kubelet import api as raw
 from tests.kube.kubelet import containers as build
@@ -45,6 +51,10 @@ class ContainerRun:
     terminated: dict[str, Any] | None = None  # its final state, when it will not restart
     restart_at: float | None = None
     waiting: tuple[str, str] | None = None
+    # Container mode: ``docker create`` options and image (a new container per start),
+    # and the container of the current start.
+    docker_args: list[str] | None = None
+    docker_name: str | None = None
 
     @property
     def name(self) -> str:
@@ -53,6 +63,17 @@ class ContainerRun:
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+
+async def stop(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait until it is done. Asked until it is: on Python 3.11 a
+    cancel that lands as a ``wait_for`` inside it completes can be lost, and a loop
+    around that ``wait_for`` would go on for ever."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 class PodWorker:
@@ -91,13 +112,7 @@ class PodWorker:
     async def kill(self) -> None:
         """Everything of this pod dies now (node loss, teardown); nothing is reported."""
         if self._task is not None:
-            # Asked until it is done: on Python 3.11 a cancel that lands as the
-            # wait_for inside completes can be lost, and the loop would go on.
-            while not self._task.done():
-                self._task.cancel()
-                await asyncio.wait({self._task}, timeout=1.0)
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop(self._task)
         for run in self.containers.values():
             await self._kill_tree(run)
 
@@ -109,9 +124,9 @@ class PodWorker:
 
     async def _run(self) -> None:
         if not self.kubelet.run_processes:
-            await self._report()
             while self.deadline is None:
-                await self._wait(None)
+                await self._report()  # until it lands: a busy API server may time it out
+                await self._wait(None if self._reported else 1.0)
             await self._finish()
             return
         while not await self._prepared():
@@ -146,9 +161,28 @@ class PodWorker:
         def lookup(plural: str, name: str) -> Any:
             return fetched.get((plural, name))
 
+        docker = self.kubelet.docker
         try:
             volumes = build.write_volumes(self.pod, self.root, lookup)
+            if docker is not None:
+                docker.share(list(volumes.values()))
             for container in self.pod["spec"]["containers"]:
+                if docker is not None:
+                    await docker.check_image(container["image"])
+                    directory = self.root / "containers" / container["name"]
+                    directory.mkdir(parents=True, exist_ok=True)
+                    termination_log = directory / "termination-log"
+                    env = build.environment(self.pod, container, None, lookup)
+                    options = docker.volume_options(self.pod, container, volumes, termination_log)
+                    self.containers[container["name"]] = ContainerRun(
+                        container,
+                        [],
+                        env,
+                        directory / "log",
+                        termination_log,
+                        docker_args=docker.create_args(self.pod, container, env, options),
+                    )
+                    continue
                 image = build.resolve_image(self.kubelet.images, container["image"])
                 env = build.environment(self.pod, container, image, lookup)
                 directory = self.root / "containers" / container["name"]
@@ -173,10 +207,24 @@ class PodWorker:
     async def _launch(self, run: ContainerRun) -> None:
         run.termination_log.write_bytes(b"")
         run.waiting = None
+        argv, env = run.argv, {**run.env, EXIT_WITH_PARENT_ENV: str(os.getpid())}
+        if run.docker_args is not None:
+            docker = self.kubelet.docker
+            assert docker is not None
+            docker.share([run.termination_log])
+            run.docker_name = docker.name(self.pod, run.name, run.restarts)
+            try:
+                await docker.create(run.docker_name, run.docker_args)
+            except DockerError as exc:
+                run.waiting = ("CreateContainerError", str(exc))
+                loop = asyncio.get_running_loop()
+                run.restart_at = loop.time() + min(0.5 * 2**run.restarts, 5.0)
+                return
+            argv, env = [*docker.start_attached(), run.docker_name], dict(os.environ)
         with run.log.open("ab") as sink:
             run.process = await asyncio.create_subprocess_exec(
-                *run.argv,
-                env={**run.env, EXIT_WITH_PARENT_ENV: str(os.getpid())},
+                *argv,
+                env=env,
                 cwd=str(self.root),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=sink,
@@ -197,7 +245,7 @@ class PodWorker:
         for run in self.containers.values():
             if run.running:
                 assert run.process is not None
-                run.family.update(descendants(run.process.pid))
+                run.family.update(descendants(run.process.pid, self.kubelet.process_children()))
                 probe = run.spec.get("readinessProbe")
                 if probe is not None and loop.time() >= run.next_probe:
                     run.next_probe = loop.time() + float(probe.get("periodSeconds", 10))
@@ -247,9 +295,14 @@ class PodWorker:
                 writer.close()
                 passed = True
             elif "exec" in probe:
+                prefix, env = [], run.env
+                if run.docker_name is not None and self.kubelet.docker is not None:
+                    prefix = self.kubelet.docker.exec_args(run.docker_name)
+                    env = dict(os.environ)
                 check = await asyncio.create_subprocess_exec(
+                    *prefix,
                     *probe["exec"]["command"],
-                    env=run.env,
+                    env=env,
                     cwd=str(self.root),
                     stdout=asyncio.subprocess.DEVNULL,
                     stderr=asyncio.subprocess.DEVNULL,
@@ -283,6 +336,9 @@ class PodWorker:
             if run.running:
                 assert run.process is not None
                 run.family.update(descendants(run.process.pid))
+                if run.docker_name is not None and self.kubelet.docker is not None:
+                    await self.kubelet.docker.signal(run.docker_name, "SIGTERM")
+                    continue
                 with contextlib.suppress(ProcessLookupError):
                     run.process.send_signal(signal.SIGTERM)
         while any(run.running for run in self.containers.values()):
@@ -296,6 +352,8 @@ class PodWorker:
                 run.terminated = self._terminated_state(run)
 
     async def _kill_tree(self, run: ContainerRun) -> None:
+        if run.docker_name is not None and self.kubelet.docker is not None:
+            await self.kubelet.docker.remove(run.docker_name)  # killed, and gone
         if run.process is None:
             return
         if run.process.returncode is None:
@@ -417,7 +475,11 @@ class PodWorker:
             "name": spec["name"],
             "image": spec["image"],
             "imageID": spec["image"],
-            "containerID": f"local://{self.pod['metadata']['uid']}/{spec['name']}",
+            "containerID": (
+                f"docker://{run.docker_name}"
+                if run is not None and run.docker_name is not None
+                else f"local://{self.pod['metadata']['uid']}/{spec['name']}"
+            ),
             "ready": ready,
             "started": bool(run and run.running) or not self.kubelet.run_processes,
             "restartCount": run.restarts if run else 0,
