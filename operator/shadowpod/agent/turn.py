@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import JsonValue
 
@@ -168,8 +168,10 @@ class Turn(OwnerContext):
         self._state_schema = state_schema
         # The agent's own state, to change. Its containers are shared with the session's
         # state: build new ones (``[*old, new]``) or use ``append``/``set``/``delete``,
-        # never change one in place.
-        self.values: dict[str, JsonValue] = dict(values)
+        # never change one in place. Typed ``Any`` so that what a framework's serializer
+        # returns (``list[dict[str, Any]]``) goes in without a cast; it is checked to be
+        # JSON when the turn's state entry is written.
+        self.values: dict[str, Any] = dict(values)
         self._owned: Owned = {}  # containers of ``values`` this turn copied itself
         # Ops made by ``append``/``set``/``delete``, journaled as they are, and what each
         # top-level key they changed held after them: a key still holding that is not
