@@ -14,6 +14,12 @@ writes them as deltas, so one more turn costs the same at turn 10 and at turn
 - any other channel version is stored as its value;
 - pending writes are stored under their checkpoint, by task and index.
 
+The maps that grow with the conversation (headers and writes by checkpoint id,
+channel versions) are split into ``BUCKETS`` fixed buckets by a stable hash of
+their key, and a log into chunks of ``CHUNK`` items: a write copies (copy-on-write,
+in the turn and in every fold) one bucket or chunk, not a map of every checkpoint —
+so the CPU of one more turn, like its bytes, stays flat as the conversation grows.
+
 Reads decode from the journaled JSON (a per-process cache of decoded log items keeps
 them O(change) too: the cache, not the journal, is what a new owner rebuilds).
 
@@ -25,6 +31,7 @@ one, a saver built on some state's values (``ShadowpodSaver(values=...)``) reads
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -51,6 +58,16 @@ from shadowpod.integrations.langgraph.codec import ValueCodec
 
 ROOT: Final = "langgraph"  # the key of ``turn.values`` the checkpoints live under
 StatePath = list[str | int]
+JsonList = list[Any]
+BUCKETS: Final = 64
+CHUNK: Final = 256
+
+
+def bucket(key: str) -> str:
+    """The bucket of a checkpoint id or a channel version (stable across processes)."""
+    return str(zlib.crc32(key.encode()) % BUCKETS)
+
+
 _EMPTY: Final = object()
 
 
@@ -117,25 +134,28 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         if data is None:
             return None
         checkpoint_id = get_checkpoint_id(config) or data["latest"]
-        if checkpoint_id is None or checkpoint_id not in data["checkpoints"]:
+        if checkpoint_id is None or checkpoint_id not in data["checkpoints"].get(
+            bucket(checkpoint_id), {}
+        ):
             return None
         return self._tuple(thread, ns, data, checkpoint_id)
 
     def _tuple(
         self, thread: str, ns: str, data: dict[str, Any], checkpoint_id: str
     ) -> CheckpointTuple:
-        header = data["checkpoints"][checkpoint_id]
+        header = data["checkpoints"][bucket(checkpoint_id)][checkpoint_id]
         versions: ChannelVersions = self.codec.decode(header["versions"])
         values: dict[str, Any] = {}
         for channel, version in versions.items():
-            known = data["channels"].get(channel, {}).get("versions", {}).get(str(version))
+            versions_of = data["channels"].get(channel, {}).get("versions", {})
+            known = versions_of.get(bucket(str(version)), {}).get(str(version))
             if (
                 known is not None
                 and (value := self._value(thread, ns, channel, data, known)) is not _EMPTY
             ):
                 values[channel] = value
         writes = sorted(
-            data["writes"].get(checkpoint_id, {}).values(),
+            data["writes"].get(bucket(checkpoint_id), {}).get(checkpoint_id, {}).values(),
             key=lambda w: writes_sort_key(w[3], w[0], w[4]),
         )
         checkpoint: Checkpoint = {
@@ -168,12 +188,15 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         return items[:length]
 
     def _items(self, thread: str, ns: str, channel: str, log_no: int, log: list[Any]) -> list[Any]:
+        """The decoded items of a log (a list of chunks, all full but the last)."""
         key = (thread, ns, channel, log_no)
         items = self._logs.get(key)
-        if items is None or len(items) > len(log):
+        length = (len(log) - 1) * CHUNK + len(log[-1]) if log else 0
+        if items is None or len(items) > length:
             items = self._logs[key] = []
-        if len(items) < len(log):
-            items.extend(self.codec.decode(item) for item in log[len(items) :])
+        while len(items) < length:
+            chunk, at = divmod(len(items), CHUNK)
+            items.extend(self.codec.decode(item) for item in log[chunk][at:])
         return items
 
     def list(
@@ -193,7 +216,8 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             for ns, data in root.get(thread, {}).items():
                 if wanted_ns is not None and ns != wanted_ns:
                     continue
-                for checkpoint_id in sorted(data["checkpoints"], reverse=True):
+                known = [cid for held in data["checkpoints"].values() for cid in held]
+                for checkpoint_id in sorted(known, reverse=True):
                     if wanted_id and checkpoint_id != wanted_id:
                         continue
                     if before_id and checkpoint_id >= before_id:
@@ -228,7 +252,10 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
                 assert data is not None
             value = checkpoint["channel_values"].get(channel, _EMPTY)
             known = self._store(turn, base, thread, ns, channel, data, value)
-            turn.set([*base, "channels", channel, "versions", str(version)], known)
+            versions_at = [*base, "channels", channel, "versions", bucket(str(version))]
+            if versions_at[-1] not in data["channels"][channel]["versions"]:
+                turn.set(versions_at, {})
+            turn.set([*versions_at, str(version)], known)
             data = self._thread(thread, ns)
             assert data is not None
         checkpoint_id = checkpoint["id"]
@@ -241,7 +268,10 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             "updated": checkpoint.get("updated_channels"),
             "metadata": self.codec.encode(get_checkpoint_metadata(config, metadata)),
         }
-        turn.set([*base, "checkpoints", checkpoint_id], header)
+        held = bucket(checkpoint_id)
+        if held not in data["checkpoints"]:
+            turn.set([*base, "checkpoints", held], {})
+        turn.set([*base, "checkpoints", held, checkpoint_id], header)
         turn.set([*base, "latest"], checkpoint_id)
         return _config(thread, ns, checkpoint_id)
 
@@ -267,16 +297,29 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             # the same objects, compared by identity at C speed.
             if not any(map(is_not, items, value)):
                 if len(value) > len(items):
-                    new = value[len(items) :]
-                    turn.append(
+                    self._extend(
+                        turn,
                         [*base, "channels", channel, "logs", log_no],
-                        *(self.codec.encode(item) for item in new),
+                        logs[log_no],
+                        value[len(items) :],
                     )
-                    items.extend(new)
+                    items.extend(value[len(items) :])
                 return {"log": log_no, "len": len(value)}
-        turn.append([*base, "channels", channel, "logs"], [self.codec.encode(v) for v in value])
+        encoded = [self.codec.encode(v) for v in value]
+        chunks = [encoded[at : at + CHUNK] for at in range(0, len(encoded), CHUNK)] or [[]]
+        turn.append([*base, "channels", channel, "logs"], chunks)
         self._logs[(thread, ns, channel, log_no + 1)] = list(value)
         return {"log": log_no + 1, "len": len(value)}
+
+    def _extend(self, turn: Turn, at: StatePath, log: JsonList, new: JsonList) -> None:
+        """Append ``new`` to a log: the last chunk filled first, then new chunks."""
+        encoded = [self.codec.encode(item) for item in new]
+        room = CHUNK - len(log[-1])
+        if room > 0 and encoded:
+            turn.append([*at, len(log) - 1], *encoded[:room])
+            encoded = encoded[room:]
+        for start in range(0, len(encoded), CHUNK):
+            turn.append(at, encoded[start : start + CHUNK])
 
     def put_writes(
         self,
@@ -289,18 +332,21 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         thread, ns = _where(config)
         base = self._ensure(turn, thread, ns)
         checkpoint_id = config["configurable"]["checkpoint_id"]
+        held = bucket(checkpoint_id)
         data = self._thread(thread, ns)
         assert data is not None
-        if checkpoint_id not in data["writes"]:
-            turn.set([*base, "writes", checkpoint_id], {})
-        stored = self._thread(thread, ns)["writes"][checkpoint_id]  # type: ignore[index]
+        if held not in data["writes"]:
+            turn.set([*base, "writes", held], {})
+        if checkpoint_id not in self._thread(thread, ns)["writes"][held]:  # type: ignore[index]
+            turn.set([*base, "writes", held, checkpoint_id], {})
+        stored = self._thread(thread, ns)["writes"][held][checkpoint_id]  # type: ignore[index]
         for index, (channel, value) in enumerate(writes):
             write_index = WRITES_IDX_MAP.get(channel, index)
             key = f"{task_id}:{write_index}"
             if write_index >= 0 and key in stored:
                 continue
             turn.set(
-                [*base, "writes", checkpoint_id, key],
+                [*base, "writes", held, checkpoint_id, key],
                 [task_id, channel, self.codec.encode(value), task_path, write_index],
             )
 
