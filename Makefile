@@ -35,6 +35,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy operator/shadowpod
 	$(BIN)/mypy examples/01-reference-agent
+	$(BIN)/mypy examples/03-langgraph
 
 # The operator's tests (tests/kube) run in a pytest process of their own: their Kopf
 # threads and emulators must not be collected, or still be winding down, during the
