@@ -10,6 +10,7 @@ What it does with a message:
 - ``charge <amount>``    calls the ``charge`` tool (a side effect: not idempotent; each
                          run appends the amount to ``$REFAGENT_CHARGE_LOG``, if set);
 - ``sleep <seconds>``    takes that long to answer (a long turn);
+- ``what is my name?``   answers the name it remembers;
 - ``warm?``              tells its warm cache: an id drawn when the process started
                          and the forecasts it looked up, kept in memory only (never
                          journaled: a CRIU checkpoint carries it, a snapshot cannot);
@@ -20,6 +21,11 @@ On its first turn it registers a ``heartbeat`` schedule (every
 background ``indexer`` process. Version 2 keeps its own state in a different shape
 (schema 2) and reads version 1's through a migration; its answers start with ``v2``
 where version 1's start with ``[v1]``, so a client can tell which version answered.
+
+Two variants of version 2 exist to test upgrade gates (``--variant``):
+``reworded`` says the same things in other words; ``forgetful`` regresses: it looks
+the user's name up under a key of its own (a refactoring slip), so after a move it no
+longer knows the name the session told the earlier version.
 """
 
 from __future__ import annotations
@@ -52,8 +58,15 @@ def _ballast(megabytes: int) -> bytearray:
 BALLAST = _ballast(int(os.environ.get("REFAGENT_BALLAST_MB", "0")))
 
 
-def build(version: int) -> Agent:
-    agent = Agent("refagent", version=str(version), state_schema=version)
+VARIANTS = ("plain", "reworded", "forgetful")
+
+
+def build(version: int, variant: str = "plain") -> Agent:
+    label = str(version) if variant == "plain" else f"{version}-{variant}"
+    agent = Agent("refagent", version=label, state_schema=version)
+    name_key = "user_name" if variant == "forgetful" else "name"
+    reworded = variant == "reworded"
+    agent.nondeterministic(r"r-\d+(?:\.\d+)?")  # receipts: a payment system's own ids
 
     # --- the agent's own state, in its schema -----------------------------------------
 
@@ -106,8 +119,8 @@ def build(version: int) -> Agent:
     # --- turns ------------------------------------------------------------------------
 
     def answer(turn: Turn, text: str) -> str:
-        name = turn.memory.get("name")
-        suffix = f" (hi {name})" if name else ""
+        name = turn.memory.get(name_key)
+        suffix = (f" (hello {name})" if reworded else f" (hi {name})") if name else ""
         count = count_of(turn.values)
         if version == 1:
             return f"[v1] #{count} {text}{suffix}"
@@ -129,12 +142,21 @@ def build(version: int) -> Agent:
             return
         lowered = text.lower()
         if lowered.startswith("my name is "):
-            turn.remember("name", text[len("my name is ") :].strip())
-            await turn.reply(answer(turn, "nice to meet you"), **meta)
+            turn.remember(name_key, text[len("my name is ") :].strip())
+            greeting = "pleased to meet you" if reworded else "nice to meet you"
+            await turn.reply(answer(turn, greeting), **meta)
+        elif lowered.startswith(("what is my name", "what's my name")):
+            name = turn.memory.get(name_key)
+            if name is None:
+                said = "I do not know your name yet"
+            else:
+                said = f"you are {name}" if reworded else f"your name is {name}"
+            await turn.reply(answer(turn, said), **meta)
         elif lowered.startswith("remember:"):
             rule = text.split(":", 1)[1].strip()
             turn.learn(f"rule-{len(turn.facts) + 1}", rule)
-            await turn.reply(answer(turn, f"I will remember: {rule}"), **meta)
+            noted = f"noted, I'll keep in mind: {rule}" if reworded else f"I will remember: {rule}"
+            await turn.reply(answer(turn, noted), **meta)
         elif lowered.startswith("weather "):
             result = await turn.tool("weather", {"city": text[len("weather ") :].strip()})
             await turn.reply(answer(turn, f"weather: {result}"), **meta)
@@ -156,7 +178,9 @@ def build(version: int) -> Agent:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", type=int, choices=[1, 2], required=True)
-    build(parser.parse_args().version).run()
+    parser.add_argument("--variant", choices=VARIANTS, default="plain")
+    args = parser.parse_args()
+    build(args.version, args.variant).run()
 
 
 if __name__ == "__main__":

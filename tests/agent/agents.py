@@ -18,6 +18,9 @@
   them) as one value of the agent's state; ``sizes`` answers the length of each;
 - ``bulk <k> <n>`` remembers ``k`` values of ``n`` characters in one turn;
 - ``shout <n>`` answers with ``n`` characters;
+- ``say <text>`` keeps the conversation as one growing list, the natural layout
+  (``values["messages"] = [*old, new]``); ``note <text>`` appends to ``notes`` with
+  ``turn.append``;
 - ``poison`` marks the agent's state as one ``surfaces2`` cannot migrate;
 - anything else is answered ``heard: <content>``.
 
@@ -133,6 +136,14 @@ def surfaces(state_schema: int = 1) -> Agent:
             await turn.reply(f"remembered {k}", **_meta(turn))
         elif command == "shout":
             await turn.reply(filler(int(rest)), **_meta(turn))
+        elif command == "say":
+            old = turn.values.get("messages", [])
+            assert isinstance(old, list)
+            turn.values["messages"] = [*old, {"role": "user", "content": rest}]
+            await turn.reply(f"said {len(old) + 1}", **_meta(turn))
+        elif command == "note":
+            turn.append("notes", rest)
+            await turn.reply("noted", **_meta(turn))
         elif command == "poison":
             turn.values["poison"] = True
             await turn.reply("poisoned", **_meta(turn))

@@ -33,7 +33,8 @@ from shadowpod.engine.ports import (
     RuntimeFailure,
     RuntimeUnavailable,
 )
-from shadowpod.engine.record import MigrationRecord
+from shadowpod.engine.record import MigrationRecord, ValidationSummary
+from shadowpod.gates.policy import GatePolicy
 from shadowpod.journal.errors import EpochConflict
 
 
@@ -331,3 +332,56 @@ class MemoryRecords:
             if not out or out[-1] != record.phase:
                 out.append(record.phase)
         return out
+
+
+@dataclass
+class FakeValidator:
+    """Shadow compare over a ``FakeSession``: every inbound entry is one turn the owner
+    finishes at once; the verdict is set by the test (``agreed`` of each compared)."""
+
+    session: FakeSession
+    agrees: bool = True
+    compares: list[tuple[int, int]] = field(default_factory=list)
+    failing_goldens: set[str] = field(default_factory=set)
+    replayed: list[str] = field(default_factory=list)
+
+    async def replay_golden(
+        self, golden: str, image: str, *, gate: GatePolicy
+    ) -> ValidationSummary:
+        self.replayed.append(golden)
+        passed = golden not in self.failing_goldens
+        return ValidationSummary(
+            judge=gate.judge,
+            compared=4,
+            agreed=4 if passed else 1,
+            agreement=1.0 if passed else 0.25,
+            threshold=gate.agreement,
+            passed=passed,
+            golden=golden,
+            message=f"{image} on {golden}: {'passed' if passed else 'FAILED'}",
+        )
+
+    async def completed_turns(self, session: str, *, after_seq: int) -> tuple[int, int]:
+        turns = max(0, self.session.head - after_seq)
+        return turns, self.session.head if turns else after_seq
+
+    async def compare(
+        self, session: str, image: str, *, after_seq: int, to_seq: int, gate: GatePolicy
+    ) -> ValidationSummary:
+        self.compares.append((after_seq, to_seq))
+        compared = to_seq - after_seq
+        agreed = compared if self.agrees else compared // 2
+        agreement = agreed / compared if compared else 0.0
+        passed = compared >= gate.min_turns and agreement >= gate.agreement
+        return ValidationSummary(
+            judge=gate.judge,
+            compared=compared,
+            agreed=agreed,
+            agreement=agreement,
+            threshold=gate.agreement,
+            passed=passed,
+            from_seq=after_seq,
+            to_seq=to_seq,
+            worst=[] if self.agrees else [f"turn {to_seq}: forgot the name"],
+            message=f"{image}: {agreed}/{compared} agree",
+        )

@@ -24,6 +24,7 @@ from pydantic import JsonValue
 
 from shadowpod.agent.tools import ToolFn, ToolSpec
 from shadowpod.domain.errors import SchemaTooNew
+from shadowpod.gates.normalise import compile_patterns
 
 if TYPE_CHECKING:
     from shadowpod.agent.turn import OwnerContext, Turn
@@ -45,6 +46,7 @@ class AgentDeclaration:
         self.owner_hook: OwnerHook | None = None
         self.tools: dict[str, ToolSpec] = {}
         self.migrations: dict[int, StateMigration] = {}
+        self.nondeterministic_patterns: list[str] = []
 
     # --- declarations -----------------------------------------------------------------
 
@@ -69,6 +71,12 @@ class AgentDeclaration:
             return fn
 
         return register
+
+    def nondeterministic(self, *patterns: str) -> None:
+        """Regular expressions for what differs between two runs of the same turn (a
+        timestamp, an order id): upgrade gates' judges mask them before comparing."""
+        compile_patterns(patterns)  # a bad one fails at import, not at the gate
+        self.nondeterministic_patterns.extend(patterns)
 
     def migration(self, *, from_version: int) -> Callable[[StateMigration], StateMigration]:
         """Register the step that turns the agent's state from ``from_version`` to the next."""

@@ -21,8 +21,9 @@ from aiohttp import web
 from shadowpod import eventloop, logs
 from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.agent.runtime import AgentRuntime
+from shadowpod.agent.sandbox import run_sandbox, sandbox_requested
 from shadowpod.agent.server import make_status_app
-from shadowpod.agent.settings import AgentSettings
+from shadowpod.agent.settings import DESCRIBE_ENV, AgentSettings
 from shadowpod.agent.termination import write_termination_message
 
 
@@ -76,7 +77,21 @@ def activate_warm_process() -> bool:
     return True
 
 
+def describe(agent: AgentDeclaration) -> dict[str, object]:
+    """What an agent's code declares: the one source of its schema versions (an image
+    map may leave them out; the local runtime then asks the code, see ``DESCRIBE_ENV``)."""
+    return {
+        "name": agent.name,
+        "version": agent.version,
+        "state_schema": agent.state_schema,
+        "reads_state_schemas": agent.reads_state_schemas,
+    }
+
+
 def run_agent(agent: AgentDeclaration) -> None:
+    if os.environ.get(DESCRIBE_ENV) == "1":
+        print(json.dumps(describe(agent)), flush=True)
+        sys.exit(0)
     eventloop.exit_with_parent()
     if os.environ.get("SHADOWPOD_WARM") == "1":
         try:
@@ -89,6 +104,8 @@ def run_agent(agent: AgentDeclaration) -> None:
         os.environ.get("SHADOWPOD_LOG_LEVEL", "info"),
         os.environ.get("SHADOWPOD_LOG_FORMAT", "json"),
     )
+    if sandbox_requested():  # an upgrade gate's replay: no session, no gateway
+        sys.exit(run_sandbox(agent))
     try:
         settings = AgentSettings.from_env()
     except ValueError as exc:

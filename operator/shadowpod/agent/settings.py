@@ -16,7 +16,10 @@
   owner's writes are cut to fit them, and narrowed further when the gateway's 413
   names a smaller one;
 - ``SHADOWPOD_PROCESS_INVENTORY``: a file where the background processes are listed
-  as they start and end (for whoever cleans up after this process, should it die).
+  as they start and end (for whoever cleans up after this process, should it die);
+- ``SHADOWPOD_DESCRIBE=1``: print what the agent's code declares (name, version,
+  ``state_schema``, ``reads_state_schemas``) as one JSON line and exit 0 — how whoever
+  runs an image learns its schema versions from the code itself.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from shadowpod.agent.appends import SMALLEST_BODY
+
+DESCRIBE_ENV: Final = "SHADOWPOD_DESCRIBE"
 
 
 class AgentSettings(BaseModel):

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import JsonValue
 
 from shadowpod.agent.appends import fitting_id
 from shadowpod.agent.tools import ToolSpec
+from shadowpod.domain.deltas import Owned, apply_ops, diff
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import (
+    MAX_STATE_OPS,
     FactOp,
     FactPayload,
     MemoryOp,
@@ -32,6 +34,9 @@ from shadowpod.domain.payloads import (
     Role,
     ScheduleOp,
     SchedulePayload,
+    StateKey,
+    StateOp,
+    StateOpKind,
     StatePayload,
     ToolCallPayload,
     ToolResultPayload,
@@ -161,7 +166,19 @@ class Turn(OwnerContext):
         self.inbound = inbound
         self._tools = tools
         self._state_schema = state_schema
-        self.values: dict[str, JsonValue] = dict(values)  # the agent's own state, to change
+        # The agent's own state, to change. Its containers are shared with the session's
+        # state: build new ones (``[*old, new]``) or use ``append``/``set``/``delete``,
+        # never change one in place. Typed ``Any`` so that what a framework's serializer
+        # returns (``list[dict[str, Any]]``) goes in without a cast; it is checked to be
+        # JSON when the turn's state entry is written.
+        self.values: dict[str, Any] = dict(values)
+        self._owned: Owned = {}  # containers of ``values`` this turn copied itself
+        # Ops made by ``append``/``set``/``delete``, journaled as they are, and what each
+        # top-level key they changed held after them: a key still holding that is not
+        # compared again (a large log changed by a few ops costs those ops, not a walk).
+        self._ops: list[StateOp] = []
+        self._op_roots: dict[str, object] = {}
+        self._state_saves = 0
         # Values migrated to this agent's schema for the turn must replace the stored
         # ones whole: a partial update would mix two schemas.
         self._values_before: dict[str, JsonValue] | None = None if replaces_values else dict(values)
@@ -238,35 +255,55 @@ class Turn(OwnerContext):
         if spec is None:
             raise KeyError(f"no tool named {name!r}; register it with @agent.tool()")
         self._tool_calls += 1
-        call_id = f"{self.seq}:{self._tool_calls}"
-        args = args or {}
+        call_args = args or {}
+
+        async def run() -> JsonValue:
+            return await spec.fn(**call_args)
+
+        return await self.call(
+            f"{self.seq}:{self._tool_calls}", name, call_args, run, idempotent=spec.idempotent
+        )
+
+    async def call(
+        self,
+        call_id: str,
+        tool: str,
+        args: dict[str, JsonValue],
+        run: Callable[[], Awaitable[JsonValue]],
+        *,
+        idempotent: bool,
+    ) -> JsonValue:
+        """Run ``run`` as the tool call ``call_id`` (a framework's own id, such as
+        LangChain's ``tool_call_id``, unique in the session): the same journaling and
+        the same answers after an owner change as ``tool``. ``ToolAbandoned`` when it
+        may have run and must not be repeated, ``ToolFailed`` when it failed."""
         known = self.state.tools.calls.get(call_id)
         if known is not None and known.status is CallStatus.OK:
             return known.result
         if known is not None and known.status is CallStatus.ERROR:
-            raise ToolFailed(call_id, name, known.error or "")
+            raise ToolFailed(call_id, tool, known.error or "")
         if known is not None and known.status is CallStatus.ABANDONED:
-            raise ToolAbandoned(call_id, name)
-        if known is not None and not spec.idempotent:  # intent without result
+            raise ToolAbandoned(call_id, tool)
+        if known is not None and not idempotent:  # intent without result
             await self._record_result(
                 call_id, ToolStatus.ABANDONED, error="outcome unknown after an owner change"
             )
-            raise ToolAbandoned(call_id, name)
+            raise ToolAbandoned(call_id, tool)
         if known is None:
             intent = NewEntry.of(
                 ToolCallPayload(
-                    call_id=call_id, tool=name, args=args, idempotent=spec.idempotent, turn=self.seq
+                    call_id=call_id, tool=tool, args=args, idempotent=idempotent, turn=self.seq
                 ),
-                id=f"tool:{call_id}",
+                id=fitting_id(f"tool:{call_id}"),
             )
             await self._append([*self.take_outputs(), intent])
         try:
-            result = await spec.fn(**args)
+            result = await run()
         except Exception as exc:
             await self._record_result(
                 call_id, ToolStatus.ERROR, error=f"{type(exc).__name__}: {exc}"
             )
-            raise ToolFailed(call_id, name, str(exc)) from exc
+            raise ToolFailed(call_id, tool, str(exc)) from exc
         await self._record_result(call_id, ToolStatus.OK, result=result)
         return result
 
@@ -282,25 +319,97 @@ class Turn(OwnerContext):
             ToolResultPayload(
                 call_id=call_id, status=status, result=result, error=error, turn=self.seq
             ),
-            id=f"tool-result:{call_id}",
+            id=fitting_id(f"tool-result:{call_id}"),
         )
         await self._append([*self.take_outputs(), entry])
 
+    def append(self, path: str | Sequence[StateKey], *items: object) -> None:
+        """Add ``items`` at the end of the list at ``path`` (a key of ``values``, or a
+        path into them), made if missing. Journaled as an append of the items alone."""
+        self._change(StateOp(op=StateOpKind.APPEND, path=_path(path), items=list(items)))
+
+    def set(self, path: str | Sequence[StateKey], value: object) -> None:
+        """Set ``value`` at ``path`` (keys of objects, indexes of lists). Values are
+        checked to be JSON here, so what a serializer returns needs no cast."""
+        self._change(StateOp(op=StateOpKind.SET, path=_path(path), value=value))
+
+    def delete(self, path: str | Sequence[StateKey]) -> None:
+        """Remove the key (or list item) at ``path``; nothing if it is not there."""
+        self._change(StateOp(op=StateOpKind.DELETE, path=_path(path)))
+
+    def _change(self, op: StateOp) -> None:
+        # Copy-on-write, as the reducer: the containers on the path are copied once per
+        # turn, so the session's state (and ``values`` as the turn found them) stay as
+        # they were.
+        error = apply_ops(self.values, [op], self._owned)
+        if error is not None:
+            raise ValueError(f"cannot {op.op.value} {error.partition(': ')[2]}")
+        self._ops.append(op)
+        key = op.path[0]
+        assert isinstance(key, str)
+        self._op_roots[key] = self.values.get(key, _DELETED)
+
+    def save_state(self) -> None:
+        """Journal the change of ``values`` so far with this turn's next write (a tool
+        call's intent, or the end of the turn), not only when the turn ends.
+
+        For a framework that resumes from its own saved state (LangGraph's
+        checkpoints): if this owner dies mid-turn, the next owner redoes the turn on
+        ``values`` as saved here — e.g. from the model's answer that asked for a tool,
+        so it asks for the same calls, under the same ids. An agent that recomputes
+        its state from the turn's start must not call it.
+        """
+        # The epoch is in the id: a save is relative to the state its writer found, and a
+        # turn redone by a new owner (from what the old one saved of it) saves anew —
+        # never to be taken for a repeat of the old owner's save of the same number.
+        entry_id = f"t{self.seq}:e{self.epoch}:state:{self._state_saves + 1}"
+        if (entry := self._state_change(entry_id)) is None:
+            return
+        self._state_saves += 1
+        self._outputs.append(entry)
+        self._values_before = dict(self.values)
+        self._owned = {}  # the containers of ``values`` are now shared with what was saved
+        self._ops, self._op_roots = [], {}
+
     def state_entry(self) -> NewEntry | None:
-        """The agent-state change of this turn, if ``values`` changed (or were migrated)."""
+        # As every output of a turn: a turn redone after its old owner journaled this
+        # (its ack then lost) is absorbed as a repeat.
+        return self._state_change(f"t{self.seq}:state")
+
+    def _state_change(self, entry_id: str) -> NewEntry | None:
+        """The agent-state change of this turn, if ``values`` changed (or were migrated).
+
+        Written as deltas (``shadowpod.domain.deltas``): a list that grew is journaled
+        as its new items, a changed key as its new value, so a turn's write is the size
+        of its change, not of the state.
+        """
         before = self._values_before
-        if before is not None and self.values == before:
+        if before is None:  # migrated: replaces the stored values whole
+            payload = StatePayload(
+                values=self.values, replace=True, schema_version=self._state_schema, turn=self.seq
+            )
+            return NewEntry.of(payload, id=entry_id)
+        # Keys changed by ops alone are journaled by those ops; any other key (one
+        # assigned since, too) by comparing what it held before and holds now.
+        by_ops = {k for k, root in self._op_roots.items() if self.values.get(k, _DELETED) is root}
+        explicit = [op for op in self._ops if op.path[0] in by_ops]
+        rest = diff(
+            {k: v for k, v in before.items() if k not in by_ops},
+            {k: v for k, v in self.values.items() if k not in by_ops},
+        )
+        ops = None if rest is None else [*explicit, *rest]
+        if ops == []:
             return None
-        replace = before is None or bool(before.keys() - self.values.keys())
-        changed = (
-            self.values
-            if replace or before is None
-            else {k: v for k, v in self.values.items() if before.get(k, _DELETED) != v}
+        if ops is not None and len(ops) > MAX_STATE_OPS:
+            ops = None
+        schema = self._state_schema
+        payload = (
+            StatePayload(values=self.values, replace=True, schema_version=schema, turn=self.seq)
+            if ops is None
+            else StatePayload(ops=ops, schema_version=schema, turn=self.seq)
         )
-        payload = StatePayload(
-            values=changed,
-            replace=replace,
-            schema_version=self._state_schema,
-            turn=self.seq,
-        )
-        return NewEntry.of(payload, id=f"t{self.seq}:state")
+        return NewEntry.of(payload, id=entry_id)
+
+
+def _path(path: str | Sequence[StateKey]) -> list[StateKey]:
+    return [path] if isinstance(path, str) else list(path)

@@ -32,6 +32,7 @@ from shadowpod.engine.ports import InstanceSpec
 from shadowpod.engine.record import MigrationPolicy, Strategy
 from shadowpod.local.figures import summarise
 from shadowpod.local.scenario import LiveScenario, ScenarioReport
+from shadowpod.local.subject import AgentUnderTest
 
 # What the shadow strategy must reach at 1000 msg/s (``--check`` exits 1 on a miss) ...
 TARGETS_SHADOW: Final = {
@@ -63,14 +64,10 @@ class MigrateBenchConfig:
     workdir: Path | None = None
     # The machine's speed is measured before and after (see ``shadowpod.bench.machine``).
     loop_steps: int = LOOP_STEPS
-
-
-def _target(moves: int) -> str:
-    """A session's first move is v1 → v2; then it moves between two tags of v2 (a
-    relocation, not an upgrade)."""
-    if moves == 0:
-        return "refagent:v2"
-    return "refagent:v2-b" if moves % 2 else "refagent:v2"
+    # The agent migrated (``None``: the reference agent). A session's first move is to
+    # its target (v1 → v2); then it moves between the target and its other tag, if
+    # it has one (a relocation, not an upgrade).
+    agent: AgentUnderTest | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +140,12 @@ async def _series(
         policy = MigrationPolicy(max_fence_attempts=5)
         # Warm spares (see shadowpod.local.runtime) for both strategies alike.
         async with LiveScenario(
-            workdir, rate=config.rate, sessions=config.sessions, policy=policy, warm_spares=True
+            workdir,
+            rate=config.rate,
+            sessions=config.sessions,
+            policy=policy,
+            warm_spares=True,
+            agent=config.agent,
         ) as scenario:
             names = list(scenario.sessions)
             migrating = _migrations(scenario, config, strategy, count)
@@ -151,9 +153,10 @@ async def _series(
             if strategy != "shadow":
                 return await scenario.finish(), None
             rounds = config.replay_rounds
-            under_load = await measure_replays(scenario, names[0], "refagent:v2", rounds)
+            target = scenario.agent.target
+            under_load = await measure_replays(scenario, names[0], target, rounds)
             report = await scenario.finish()
-            uncontended = await measure_replays(scenario, names[0], "refagent:v2", rounds)
+            uncontended = await measure_replays(scenario, names[0], target, rounds)
             return report, Replays(under_load, uncontended)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -167,7 +170,9 @@ async def _migrations(
     for index in range(count):
         session = names[index % len(names)]
         moves = len(scenario.sessions[session].migrations)
-        await scenario.migrate(_target(moves), strategy=strategy, session=session)
+        await scenario.migrate(
+            scenario.agent.move_target(moves), strategy=strategy, session=session
+        )
         await asyncio.sleep(config.gap_s)
 
 

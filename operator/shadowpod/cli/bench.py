@@ -17,9 +17,11 @@ from rich.table import Table
 from shadowpod import eventloop
 from shadowpod.bench.chaos import BOUNDARIES, ChaosConfig, run_chaos
 from shadowpod.bench.criu import SIZES_MB, CriuBenchConfig, run_criu_bench
+from shadowpod.bench.gate import GateBenchConfig, run_gate_bench
 from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 from shadowpod.cli.errors import fail, interrupted
+from shadowpod.cli.subject import agent_options, agent_under_test
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_PG = "postgresql://127.0.0.1:5432/test"
@@ -154,6 +156,7 @@ def _print_journal(report: dict[str, Any]) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
+@agent_options
 def migrate(
     rate: float,
     migrations: int,
@@ -165,13 +168,18 @@ def migrate(
     max_backlog_s: float,
     as_json: bool,
     check: bool,
+    **agent_options: Any,
 ) -> None:
-    """Live migrations under client load: phase times, fence pause, client pause, invariants."""
+    """Live migrations under client load: phase times, fence pause, client pause, invariants.
+
+    Any agent: --images map.yaml --from A --to B [--relocate B2] (replies carry
+    meta.version)."""
     if strategy == "criu":
         criu = CriuBenchConfig(sizes_mb=memory_mb or SIZES_MB)
         _run_and_report("CRIU migration", run_criu_bench(criu), _print_criu, as_json, check)
         return
     config = MigrateBenchConfig(
+        agent=agent_under_test(**agent_options),
         rate=rate,
         migrations=migrations,
         sessions=sessions,
@@ -246,6 +254,38 @@ def _print_migrate(report: dict[str, Any]) -> None:
         )
     Console().print(facts)
     Console().print(f"machine: {_machine(report)}")
+
+
+@bench.command("gate")
+@click.option("--rate", default=200.0, show_default=True, type=click.FloatRange(min=1))
+@click.option("--migrations", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--turns", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def gate(rate: float, migrations: int, turns: int, as_json: bool) -> None:
+    """Shadow compare's cost: client latency and migration time with and without it."""
+    config = GateBenchConfig(rate=rate, migrations=migrations, turns=turns)
+    try:
+        report = eventloop.run(run_gate_bench(config), terminate_gracefully=True)
+    except KeyboardInterrupt:
+        interrupted()
+    except Exception as exc:  # noqa: BLE001 — a benchmark that cannot run says why
+        fail(f"the benchmark could not run: {exc}", 2)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for key in ("without_gate", "with_gate"):
+        series = report[key]
+        during = series["latency_ms_during_migrations"]
+        click.echo(
+            f"{key.replace('_', ' ')}: migrations {series['results']}, total p50 "
+            f"{series['migration_total_s']['p50']:.3f} s; reply latency during migrations "
+            f"p50 {during['p50']} ms, p99 {during['p99']} ms ({during['messages']} messages); "
+            f"lost/duplicated/reordered {list(series['invariants'].values())}"
+        )
+    click.echo(
+        f"p99 with / without: {report['p99_ratio_during_migrations']}; "
+        f"added migration time p50: {report['added_migration_s_p50']} s"
+    )
 
 
 @bench.command("chaos")
@@ -418,6 +458,89 @@ def _print_operator(report: dict[str, Any]) -> None:
     for name, target in report.get("targets", {}).items():
         table.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))
     Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
+@bench.command("langgraph")
+@click.option(
+    "--turns",
+    "lengths",
+    default="10,1000,10000",
+    show_default=True,
+    help="Conversation lengths (comma-separated) at which one more turn is measured.",
+)
+@click.option("--samples", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--sqlite-max-turns",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Longest conversation driven with LangGraph's SQLite saver (its file grows "
+    "with the square of the turns).",
+)
+@_workdir("Where the SQLite files are created (default: the system temp dir).")
+@click.option("--quick", is_flag=True, help="10 and 100 turns: checks that it runs.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
+def langgraph(
+    lengths: str,
+    samples: int,
+    sqlite_max_turns: int,
+    workdir: Path | None,
+    quick: bool,
+    as_json: bool,
+    check: bool,
+) -> None:
+    """A LangGraph agent with LangGraph's SQLite saver and with Shadowpod's checkpointer:
+    one more turn (ms, bytes) as the conversation grows. Needs the langgraph extra."""
+    try:
+        from shadowpod.bench.langgraph import LangGraphBenchConfig, run_langgraph_bench
+    except ImportError as exc:
+        fail(f"{exc}: install the extra, pip install 'shadowpod[langgraph]'", 2)
+    try:
+        turns = tuple(int(n) for n in ("10,100" if quick else lengths).split(","))
+    except ValueError:
+        fail(f"--turns {lengths!r}: give comma-separated whole numbers, e.g. 10,1000", 2)
+    if min(turns) < 1:
+        fail("--turns: every length is at least 1", 2)
+    config = LangGraphBenchConfig(
+        lengths=turns,
+        samples=samples,
+        sqlite_max_turns=max(turns) if quick else sqlite_max_turns,
+        workdir=workdir,
+    )
+    _run_and_report("langgraph", run_langgraph_bench(config), _print_langgraph, as_json, check)
+
+
+def _print_langgraph(report: dict[str, Any]) -> None:
+    table = Table(title="LangGraph checkpointers — one more turn as the conversation grows")
+    table.add_column("turns", justify="right")
+    for label in ("Shadowpod", "SqliteSaver"):
+        table.add_column(f"{label}\nturn ms", justify="right")
+        table.add_column(f"{label}\nsaver ms", justify="right")
+        table.add_column(f"{label}\nbytes/turn", justify="right")
+        table.add_column(f"{label}\nstored", justify="right")
+    savers = report["savers"]
+    for length in savers["shadowpod"]["by_turns"]:
+        row = [f"{int(length):,}"]
+        for saver in ("shadowpod", "langgraph_sqlite"):
+            found = savers[saver]["by_turns"].get(length)
+            row += (
+                ["not run"] * 4
+                if found is None
+                else [
+                    str(found["one_more_turn_ms_p50"]),
+                    str(found["checkpointer_ms_p50"]),
+                    f"{found['one_more_turn_bytes']:,}",
+                    f"{found['bytes_stored']:,}",
+                ]
+            )
+        table.add_row(*row)
+    Console().print(table)
+    for name, target in report["targets"].items():
+        Console().print(
+            f"target {name}: {_against(target, '[green]met[/green]', '[red]missed[/red]')}"
+        )
     Console().print(f"machine: {_machine(report)}")
 
 

@@ -1,6 +1,7 @@
 """``shadowpod demo``: a real live migration on this machine, no cluster needed.
 
-A gateway (SQLite in a temporary directory) and the reference agent v1 serve one
+A gateway (SQLite in a temporary directory) and the reference agent v1 (or any agent:
+``--images map.yaml --from A --to B``, see ``shadowpod.cli.subject``) serve one
 session under steady client load; mid-stream the session moves to v2 through the
 ShadowPod + ExchangeFence engine while the load goes on. Then the demo prints the
 timeline, the fence pause, the client's figures and the invariants — and exits
@@ -26,9 +27,12 @@ from rich.text import Text
 
 from shadowpod import eventloop
 from shadowpod.cli.errors import fail, interrupted
+from shadowpod.cli.subject import agent_options, agent_under_test
 from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.local.checks import Check
+from shadowpod.local.gate_demo import GateAttempt, run_gate_demo
 from shadowpod.local.scenario import LiveScenario, ScenarioReport
+from shadowpod.local.subject import AgentUnderTest
 
 PHASE_STYLE = {Phase.SUCCEEDED: "green", Phase.ROLLED_BACK: "yellow", Phase.FAILED: "red"}
 
@@ -36,9 +40,9 @@ PHASE_STYLE = {Phase.SUCCEEDED: "green", Phase.ROLLED_BACK: "yellow", Phase.FAIL
 class Progress:
     """What the live display shows while the demo runs."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: str = "refagent:v1") -> None:
         self.started = time.monotonic()
-        self.step = "starting the gateway and agent v1"
+        self.step = f"starting the gateway and {source}"
         self.phase: Phase | None = None
         self.scenario: LiveScenario | None = None
 
@@ -71,24 +75,36 @@ class Progress:
 
 
 async def _run(
-    rate: float, before_s: float, after_s: float, workdir: Path, progress: Progress
+    agent: AgentUnderTest,
+    rate: float,
+    before_s: float,
+    after_s: float,
+    workdir: Path,
+    progress: Progress,
 ) -> ScenarioReport:
-    async with LiveScenario(workdir, rate=rate, on_phase=progress.on_phase) as scenario:
+    async with LiveScenario(
+        workdir, rate=rate, on_phase=progress.on_phase, agent=agent
+    ) as scenario:
         progress.scenario = scenario
-        progress.step = f"v1 serving {rate:g} msg/s"
+        progress.step = f"{agent.source} serving {rate:g} msg/s"
         await asyncio.sleep(before_s)
-        progress.step = "migrating to v2 while serving"
-        await scenario.migrate("refagent:v2")
-        progress.step = f"v2 serving {rate:g} msg/s"
+        progress.step = f"migrating to {agent.target} while serving"
+        await scenario.migrate(agent.target)
+        progress.step = f"{agent.target} serving {rate:g} msg/s"
         await asyncio.sleep(after_s)
         progress.step = "stopping the load, waiting for every reply"
         return await scenario.finish()
 
 
 async def _with_live(
-    rate: float, before_s: float, after_s: float, workdir: Path, console: Console
+    agent: AgentUnderTest,
+    rate: float,
+    before_s: float,
+    after_s: float,
+    workdir: Path,
+    console: Console,
 ) -> ScenarioReport:
-    progress = Progress()
+    progress = Progress(agent.source)
     with Live(progress.render(), console=console, refresh_per_second=8, transient=True) as live:
 
         async def refresh() -> None:
@@ -98,7 +114,7 @@ async def _with_live(
 
         ticker = asyncio.create_task(refresh())
         try:
-            return await _run(rate, before_s, after_s, workdir, progress)
+            return await _run(agent, rate, before_s, after_s, workdir, progress)
         finally:
             ticker.cancel()
 
@@ -222,22 +238,46 @@ def _ms(value: float | None) -> str:
     help="Keep the gateway, agents and logs here.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
-def demo(rate: float, before_s: float, after_s: float, workdir: Path | None, as_json: bool) -> None:
+@click.option(
+    "--gate",
+    is_flag=True,
+    help="Upgrade gates instead: a regressing upgrade rejected, a reworded one accepted.",
+)
+@agent_options
+def demo(
+    rate: float,
+    before_s: float,
+    after_s: float,
+    workdir: Path | None,
+    as_json: bool,
+    gate: bool,
+    **agent_options: Any,
+) -> None:
     """Run a live migration of an agent session (v1 → v2) under load, on this machine.
+
+    Any agent: --images map.yaml --from A --to B (its replies must carry meta.version).
+
+    With --gate: two upgrades of a v2 session under shadow compare, one that forgets the
+    user's name (rolled back) and one merely reworded (accepted).
 
     Exits 0 when every invariant holds, 1 when one broke, 2 when the demo could not run.
     """
+    agent = agent_under_test(**agent_options, heartbeat_s=1.0)
     console = Console(stderr=as_json)
     keep = workdir is not None
     work = _fresh_workdir(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shadowpod-demo-"))
+    if gate:
+        _gate_demo(work, keep, as_json, console)
     try:
         if as_json:
             report = eventloop.run(
-                _run(rate, before_s, after_s, work, Progress()), terminate_gracefully=True
+                _run(agent, rate, before_s, after_s, work, Progress(agent.source)),
+                terminate_gracefully=True,
             )
         else:
             report = eventloop.run(
-                _with_live(rate, before_s, after_s, work, console), terminate_gracefully=True
+                _with_live(agent, rate, before_s, after_s, work, console),
+                terminate_gracefully=True,
             )
     except KeyboardInterrupt:
         interrupted()
@@ -252,6 +292,83 @@ def demo(rate: float, before_s: float, after_s: float, workdir: Path | None, as_
     else:
         print_report(report, rate, console)
     sys.exit(0 if report.ok else 1)
+
+
+def _gate_demo(work: Path, keep: bool, as_json: bool, console: Console) -> None:
+    try:
+        with console.status("two upgrades under shadow compare, a client talking throughout"):
+            attempts = eventloop.run(run_gate_demo(work), terminate_gracefully=True)
+    except KeyboardInterrupt:
+        interrupted()
+    except Exception as exc:  # noqa: BLE001 — a demo that cannot run says why, briefly
+        logs = f"logs in {work}" if keep else "run it with --workdir DIR to keep its logs"
+        fail(f"the demo could not run: {exc} ({logs})", 2)
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    rejected, accepted = attempts
+    ok = (
+        rejected.record.phase is Phase.ROLLED_BACK
+        and rejected.record.reason == "ValidationFailed"
+        and accepted.record.phase is Phase.SUCCEEDED
+        and all(a.lost == 0 and a.duplicated == 0 for a in attempts)
+    )
+    if as_json:
+        click.echo(json.dumps({"ok": ok, "upgrades": [_gate_json(a) for a in attempts]}, indent=2))
+    else:
+        for attempt, expected in ((rejected, "rejected"), (accepted, "accepted")):
+            _print_gate(attempt, expected, console)
+        console.print(
+            Text(
+                "the regressing upgrade was rejected, the reworded one accepted, nothing lost"
+                if ok
+                else "UPGRADE GATES DID NOT BEHAVE AS EXPECTED",
+                style="bold green" if ok else "bold red",
+            )
+        )
+    sys.exit(0 if ok else 1)
+
+
+def _gate_json(attempt: GateAttempt) -> dict[str, Any]:
+    record = attempt.record
+    return {
+        "target": record.spec.target.image,
+        "result": record.phase.value,
+        "reason": record.reason,
+        "validation": record.validation.model_dump() if record.validation else None,
+        "sent": len(attempt.sent),
+        "lost": attempt.lost,
+        "duplicated": attempt.duplicated,
+        "then_answered": {"by": attempt.last_by, "reply": attempt.last_reply},
+    }
+
+
+def _print_gate(attempt: GateAttempt, expected: str, console: Console) -> None:
+    record = attempt.record
+    summary = record.validation
+    table = Table(title=f"upgrade {record.spec.source.image} → {record.spec.target.image}")
+    table.add_column("")
+    table.add_column("", overflow="fold")
+    table.add_row(
+        "result",
+        Text(
+            f"{record.phase.value}" + (f" ({record.reason})" if record.reason else ""),
+            style=PHASE_STYLE.get(record.phase, ""),
+        ),
+    )
+    if summary is not None:
+        table.add_row(
+            "shadow compare",
+            f"{summary.agreed}/{summary.compared} live turns agree ({summary.agreement:.0%}) "
+            f"by the {summary.judge} judge; {summary.threshold:.0%} needed",
+        )
+        for worst in summary.worst[:2]:
+            table.add_row("disagreement", worst)
+    table.add_row(
+        "client", f"{len(attempt.sent)} sent, {attempt.lost} lost, {attempt.duplicated} twice"
+    )
+    table.add_row("then answered by", f"{attempt.last_by}: {attempt.last_reply}")
+    console.print(table)
 
 
 def _fresh_workdir(workdir: Path) -> Path:

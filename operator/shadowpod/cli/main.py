@@ -9,6 +9,7 @@ from shadowpod.cli.bench import bench
 from shadowpod.cli.crds import crds
 from shadowpod.cli.demo import demo
 from shadowpod.cli.gateway import gateway
+from shadowpod.cli.golden import golden
 from shadowpod.cli.kubectl import kubectl
 from shadowpod.cli.node_agent import node_agent
 from shadowpod.cli.operator import operator
@@ -26,6 +27,7 @@ cli.add_command(demo)
 cli.add_command(crds)
 cli.add_command(operator)
 cli.add_command(kubectl)
+cli.add_command(golden)
 cli.add_command(node_agent)
 
 

@@ -202,11 +202,52 @@ class StatePart(Payload):
     data: str = Field(min_length=1)
 
 
+# How deep a delta may reach into the agent's state, and how many one entry carries.
+MAX_STATE_PATH: Final = 64
+MAX_STATE_OPS: Final = 10_000
+StateKey = str | Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
+
+
+class StateOpKind(StrEnum):
+    SET = "set"  # ``value`` at ``path`` (a key of an object, or an index of a list)
+    DELETE = "delete"  # the key (or list item) at ``path``
+    APPEND = "append"  # ``items`` at the end of the list at ``path`` (made if missing)
+
+
+class StateOp(Payload):
+    """One change of the agent's state: O(change) bytes, whatever the state's size.
+
+    ``path`` names where, from the top of the values: object keys as strings, list
+    indexes as integers (``["messages"]``, ``["graph", "steps", 3]``).
+    """
+
+    op: StateOpKind
+    path: list[StateKey] = Field(min_length=1, max_length=MAX_STATE_PATH)
+    value: JsonValue = None
+    items: list[JsonValue] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _fields_of_the_op(self) -> StateOp:
+        if self.op is not StateOpKind.APPEND and self.items:
+            raise ValueError(f"items are for an append; a {self.op.value} takes none")
+        if self.op is not StateOpKind.SET and self.value is not None:
+            raise ValueError(f"value is for a set; a {self.op.value} takes none")
+        if not isinstance(self.path[0], str):
+            raise ValueError("a path starts with a key of the values (a string)")
+        return self
+
+
 class StatePayload(TurnScoped):
-    """The agent's own structured state, journaled so that state stays a pure fold."""
+    """The agent's own structured state, journaled so that state stays a pure fold.
+
+    ``values`` (top-level keys set whole, or all values with ``replace``) is what
+    every version writes for a migrated state and what older agents write each turn;
+    ``ops`` are deltas applied after them, in order (see ``shadowpod.domain.deltas``).
+    """
 
     values: dict[str, JsonValue] = Field(default_factory=dict)
     replace: bool = False
+    ops: list[StateOp] = Field(default_factory=list, max_length=MAX_STATE_OPS)
     schema_version: SchemaVersion = 1
     part: StatePart | None = Field(
         default=None, description="Set on the parts of an entry too large for one append."
@@ -214,7 +255,7 @@ class StatePayload(TurnScoped):
 
     @model_validator(mode="after")
     def _a_part_carries_only_its_part(self) -> StatePayload:
-        if self.part is not None and (self.values or self.replace):
+        if self.part is not None and (self.values or self.replace or self.ops):
             raise ValueError("a state part carries no values of its own: they are in its data")
         return self
 

@@ -17,8 +17,13 @@ ended without them (its owner died mid-way and the redone turn wrote other value
 are dropped with that turn's ack; parts outside any turn (adopting the session) with
 the next epoch, whose owner adopts the session anew.
 
+A ``state`` entry's ``ops`` are deltas (``shadowpod.domain.deltas``), applied after
+its ``values``; an op that does not fit is skipped and the entry kept in
+``extensions`` with what was wrong, so the fold stays total and the same everywhere.
+
 ``fold`` and ``StateFolder`` copy the state's containers once and then apply entries
-in place, so replaying *n* entries costs O(n), not O(n²).
+in place, so replaying *n* entries costs O(n), not O(n²) — deltas included: a
+container of the agent's values is copied once per batch, not once per op.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Final
 
 from pydantic import ValidationError
 
+from shadowpod.domain.deltas import Owned, apply_ops
 from shadowpod.domain.entries import JournalEntry, is_inbound
 from shadowpod.domain.payloads import (
     MAX_SCHEDULES_PER_SESSION,
@@ -117,10 +123,14 @@ class StateFolder:
         # of a pydantic model costs more than folding a small entry does.
         state = self._state
         watermark = state.watermark
+        # Containers of the agent's values this batch copied: they are changed in place
+        # by later deltas of the batch. Not kept past it: a view taken between two
+        # batches shares them.
+        owned: Owned = {}
         try:
             for entry in entries:
                 if entry.seq > watermark:
-                    _fold_one(state, entry)
+                    _fold_one(state, entry, owned)
                     watermark = entry.seq
         finally:
             state.watermark = watermark
@@ -129,7 +139,7 @@ class StateFolder:
         self.apply_all((entry,))
 
 
-def _fold_one(state: SessionState, entry: JournalEntry) -> None:
+def _fold_one(state: SessionState, entry: JournalEntry, owned: Owned) -> None:
     handler = _HANDLERS.get(entry.kind)
     if handler is None:
         _keep_as_extension(state, entry, error=None)
@@ -139,7 +149,10 @@ def _fold_one(state: SessionState, entry: JournalEntry) -> None:
     except ValidationError as exc:
         _keep_as_extension(state, entry, error=_short(exc))
     else:
-        handler.fn(state, entry, payload)
+        if handler.model is StatePayload:
+            _state(state, entry, payload, owned)
+        else:
+            handler.fn(state, entry, payload)
 
 
 # --- handlers ---------------------------------------------------------------------------
@@ -340,7 +353,7 @@ def _credential(state: SessionState, entry: JournalEntry, payload: Payload) -> N
         )
 
 
-def _state(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
+def _state(state: SessionState, entry: JournalEntry, payload: Payload, owned: Owned) -> None:
     assert isinstance(payload, StatePayload)
     _start_turn(state, payload.turn)
     if payload.part is not None:
@@ -352,6 +365,10 @@ def _state(state: SessionState, entry: JournalEntry, payload: Payload) -> None:
         state.agent.values = dict(payload.values)
     else:
         state.agent.values.update(payload.values)
+    if payload.ops:
+        error = apply_ops(state.agent.values, payload.ops, owned)
+        if error is not None:
+            _keep_as_extension(state, entry, error=error)
     if state.agent.schema_version != payload.schema_version:
         state.agent.schema_version = payload.schema_version
 
@@ -438,7 +455,8 @@ _HANDLERS: Final[dict[str, _Handler]] = {
     EntryKind.SCHEDULE: _Handler(SchedulePayload, _schedule),
     EntryKind.PROCESS: _Handler(ProcessPayload, _process),
     EntryKind.CREDENTIAL: _Handler(CredentialPayload, _credential),
-    EntryKind.STATE: _Handler(StatePayload, _state),
+    # Called with the fold's owned containers by ``_fold_one``.
+    EntryKind.STATE: _Handler(StatePayload, _state),  # type: ignore[arg-type]
     EntryKind.ACK: _Handler(AckPayload, _ack),
     EntryKind.CONTROL: _Handler(ControlPayload, _control),
 }

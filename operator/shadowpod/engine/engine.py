@@ -40,6 +40,7 @@ from shadowpod.engine.ports import (
     Runtime,
     SessionControl,
     Unavailable,
+    Validator,
 )
 from shadowpod.engine.record import (
     COMMITTED_PHASES,
@@ -91,6 +92,12 @@ class CheckpointNeedsSameImage(StepFailed):
     reason = "CheckpointNeedsSameImage"
 
 
+class ValidationFailed(StepFailed):
+    """The target's answers did not agree enough with the source's (upgrade gate)."""
+
+    reason = "ValidationFailed"
+
+
 class MigrationEngine:
     def __init__(
         self,
@@ -101,11 +108,13 @@ class MigrationEngine:
         clock: Clock = time.time,
         poll_s: float = POLL_S,
         checkpointer: Checkpointer | None = None,
+        validator: Validator | None = None,
     ) -> None:
         self.runtime = runtime
         self.checkpointer = checkpointer
         self.control = control
         self.records = records
+        self.validator = validator
         self._clock = clock
         self._poll_s = poll_s
 
@@ -202,6 +211,7 @@ class MigrationEngine:
             **common,
             Phase.RESTORING: self._restoring,
             Phase.CATCHING_UP: self._catching_up,
+            Phase.VALIDATING: self._validating,
             Phase.FENCING: self._fencing,
             Phase.COMMITTED: self._committed,
             Phase.DRAINING: self._draining,
@@ -440,12 +450,64 @@ class MigrationEngine:
             what="the shadow catching up",
             record=record,
         )
+        # Validated once: a fence retry comes back through CatchingUp.
+        validate = spec.policy.validation is not None and record.validation is None
         return self._enter(
             record,
-            Phase.FENCING,
+            Phase.VALIDATING if validate else Phase.FENCING,
             catchup_entries=status.catchup_entries,
             catchup_entries_per_s=status.catchup_entries_per_s,
         )
+
+    async def _validating(self, record: MigrationRecord) -> MigrationRecord:
+        """Shadow compare: wait for the policy's number of live turns (or its time),
+        have the target answer them in a sandbox, judge; fence, or roll back with
+        ``ValidationFailed`` — the source serving all along, the session untouched."""
+        spec = record.spec
+        policy = spec.policy.validation
+        assert policy is not None
+        if self.validator is None:
+            raise StepFailed("this engine's runtime cannot validate (no validator given)")
+        validator = self.validator
+        if policy.goldens and not record.golden_validations:
+            verdicts = [
+                await validator.replay_golden(golden, spec.target.image, gate=policy.gate)
+                for golden in policy.goldens
+            ]
+            record = record.model_copy(update={"golden_validations": verdicts})
+            await self.records.save(record)
+            if failed := [v for v in verdicts if not v.passed]:
+                return self._failed(record, ValidationFailed(failed[0].message))
+        if policy.turns == 0:
+            return self._enter(record, Phase.FENCING)
+        if record.validation_from is None:
+            record = record.model_copy(
+                update={"validation_from": await self.control.head(spec.session)}
+            )
+            await self.records.save(record)
+        after = record.validation_from
+        assert after is not None
+        started = record.timings[Phase.VALIDATING].started
+        delays = self._delays(slowest=0.2)
+        while True:
+            await self._alive(spec.target.name, "shadow")
+            await self._alive(spec.source.name, "source")
+            count, to_seq = await validator.completed_turns(spec.session, after_seq=after)
+            if count >= policy.turns or self._clock() > started + policy.timeout_s:
+                break
+            if self._overdue(record):
+                raise MaxDurationExceeded(
+                    f"{policy.turns} live turns to compare did not come before the "
+                    f"migration's {spec.policy.max_duration_s:g}s were up"
+                )
+            await asyncio.sleep(next(delays))
+        summary = await validator.compare(
+            spec.session, spec.target.image, after_seq=after, to_seq=to_seq, gate=policy.gate
+        )
+        record = record.model_copy(update={"validation": summary})
+        if not summary.passed:  # the verdict stays in the record that rolls back
+            return self._failed(record, ValidationFailed(summary.message))
+        return self._enter(record, Phase.FENCING)
 
     async def _fencing(self, record: MigrationRecord) -> MigrationRecord:
         spec, policy = record.spec, record.spec.policy

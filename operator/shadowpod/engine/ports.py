@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.domain.ownership import Ownership
-from shadowpod.engine.record import MigrationRecord
+from shadowpod.engine.record import MigrationRecord, ValidationSummary
+from shadowpod.gates.policy import GatePolicy
 
 
 class ImageInfo(BaseModel):
@@ -230,3 +231,25 @@ class RecordStore(Protocol):
     async def save(self, record: MigrationRecord) -> None: ...
 
     async def load(self, migration_id: str) -> MigrationRecord | None: ...
+
+
+class Validator(Protocol):
+    """Shadow compare: judges an image's answers to a session's live turns."""
+
+    async def completed_turns(self, session: str, *, after_seq: int) -> tuple[int, int]:
+        """How many turns whose inbound came after ``after_seq`` the owner finished,
+        and the seq of the last one's ack (``after_seq`` when none)."""
+        ...
+
+    async def compare(
+        self, session: str, image: str, *, after_seq: int, to_seq: int, gate: GatePolicy
+    ) -> ValidationSummary:
+        """``image`` answers those turns in a sandbox, from the state each started
+        from; the gate's judge compares its answers with the owner's."""
+        ...
+
+    async def replay_golden(
+        self, golden: str, image: str, *, gate: GatePolicy
+    ) -> ValidationSummary:
+        """``image`` answers a golden session in a sandbox; the gate's judge compares."""
+        ...

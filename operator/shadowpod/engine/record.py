@@ -12,6 +12,8 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shadowpod.gates.policy import GatePolicy
+
 
 class Phase(StrEnum):
     PENDING = "Pending"
@@ -19,6 +21,8 @@ class Phase(StrEnum):
     SNAPSHOTTING = "Snapshotting"
     RESTORING = "Restoring"
     CATCHING_UP = "CatchingUp"
+    # The upgrade gate (optional): the new version's answers judged before the fence.
+    VALIDATING = "Validating"
     FENCING = "Fencing"
     COMMITTED = "Committed"
     DRAINING = "Draining"
@@ -49,6 +53,45 @@ COMMITTED_PHASES: Final = frozenset({Phase.COMMITTED, Phase.DRAINING, Phase.SUCC
 Strategy = Literal["shadow", "restart", "criu"]
 
 
+class ValidationPolicy(BaseModel):
+    """Shadow compare: before the fence, the target image answers the live turns the
+    source answers in the meantime, in a sandbox, and a judge compares the answers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    turns: int = Field(default=5, ge=0, description="Live turns to compare (0: goldens only).")
+    timeout_s: float = Field(
+        default=60.0, gt=0, description="How long to wait for them; then judge what came."
+    )
+    gate: GatePolicy = Field(default_factory=GatePolicy)
+    goldens: list[str] = Field(
+        default_factory=list,
+        description="Golden sessions the target must also pass (files, on the local runtime).",
+    )
+
+
+class ValidationSummary(BaseModel):
+    """What shadow compare found: kept in the record (and the migration's status)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    judge: str
+    compared: int
+    agreed: int
+    agreement: float
+    threshold: float
+    passed: bool
+    from_seq: int = Field(
+        default=0, description="Turns whose inbound came after this seq were compared."
+    )
+    to_seq: int = 0
+    golden: str | None = Field(default=None, description="The golden session, if one.")
+    worst: list[str] = Field(
+        default_factory=list, description="The worst disagreements: turn, score, reason."
+    )
+    message: str = ""
+
+
 class MigrationPolicy(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -59,6 +102,9 @@ class MigrationPolicy(BaseModel):
     phase_timeout_s: float = Field(default=30.0, gt=0)
     drain_grace_s: float = Field(default=5.0, ge=0)
     rollback_on_failure: bool = True
+    validation: ValidationPolicy | None = Field(
+        default=None, description="An upgrade gate before the fence (shadow compare)."
+    )
 
 
 class InstanceRef(BaseModel):
@@ -131,6 +177,9 @@ class MigrationRecord(BaseModel):
     fence_pause_ms: float | None = None
     catchup_entries: int | None = None
     catchup_entries_per_s: float | None = None
+    validation_from: int | None = None
+    validation: ValidationSummary | None = None
+    golden_validations: list[ValidationSummary] = Field(default_factory=list)
     recoveries: int = 0
     failed_phase: Phase | None = None
     reason: str | None = Field(

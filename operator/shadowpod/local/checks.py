@@ -33,10 +33,17 @@ def session_checks(
     load: ClientLoad,
     journal: list[JournalEntry],
     *,
-    name: str,
+    name: str | None = None,
+    remembers: str | None = None,
+    first_version: str = "1",
 ) -> list[Check]:
-    """One session's invariants after its ``migrations`` under ``load``; ``name`` is
-    what v1 was told, which every later version must greet."""
+    """One session's invariants after its ``migrations`` under ``load``.
+
+    ``remembers``: a text every reply from a version after ``first_version`` must
+    carry (what the first version was told); ``name``, for the reference agent: the
+    name v1 learned, which every later version greets (``hi <name>``)."""
+    if remembers is None and name is not None:
+        remembers = f"hi {name}"
     verdict = load.verdict()
     succeeded = [m for m in migrations if m.succeeded]
     return [
@@ -54,7 +61,7 @@ def session_checks(
             f"{len(succeeded)} of {len(migrations)} succeeded",
             measured=bool(migrations),
         ),
-        _memory_kept(load, name),
+        _memory_kept(load, remembers, first_version),
         _state_at_fence(succeeded),
         _fenced_epochs_silent(journal),
         _schedules_fired_once(journal),
@@ -80,20 +87,28 @@ def _one_version_per_reply(verdict: Verdict, migrations: Sequence[MigrationOutco
     )
 
 
-def _memory_kept(load: ClientLoad, name: str) -> Check:
-    upgraded = [r.content for replies in load.replies.values() for r in replies if r.version != "1"]
-    greeted = sum(f"hi {name}" in content for content in upgraded)
+def _memory_kept(load: ClientLoad, remembers: str | None, first_version: str) -> Check:
+    name = f"new versions answer with v{first_version}'s memory"
+    if remembers is None:
+        return Check(name, True, "not measured: no memory check given", measured=False)
+    upgraded = [
+        r.content
+        for replies in load.replies.values()
+        for r in replies
+        if r.version != first_version
+    ]
+    kept = sum(remembers in content for content in upgraded)
     if not upgraded:
         return Check(
-            "new versions answer with v1's memory",
+            name,
             True,
-            "not measured: no reply came from a version after v1",
+            f"not measured: no reply came from a version after v{first_version}",
             measured=False,
         )
     return Check(
-        "new versions answer with v1's memory",
-        greeted == len(upgraded),
-        f"{greeted} of {len(upgraded)} replies after the upgrade greet the name v1 learned",
+        name,
+        kept == len(upgraded),
+        f"{kept} of {len(upgraded)} replies after the upgrade carry {remembers!r}",
     )
 
 

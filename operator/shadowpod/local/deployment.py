@@ -26,6 +26,7 @@ from shadowpod.local.gateway_process import GatewayProcess
 from shadowpod.local.images import ImageMap
 from shadowpod.local.records import FileRecordStore
 from shadowpod.local.runtime import LocalRuntime
+from shadowpod.local.validation import LocalValidator
 
 
 class LocalDeployment:
@@ -59,7 +60,11 @@ class LocalDeployment:
         self.admin = GatewayClient(self.gateway.url, self.gateway.control_token)
         self.control = GatewayControl(self.admin)
         self.engine = MigrationEngine(
-            self.runtime, self.control, self.records, checkpointer=self.checkpointer
+            self.runtime,
+            self.control,
+            self.records,
+            checkpointer=self.checkpointer,
+            validator=LocalValidator(self.admin, images),
         )
         self._names = itertools.count(1)
 

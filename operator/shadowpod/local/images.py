@@ -5,9 +5,14 @@ A map is a YAML file::
     images:
       refagent:v1:
         command: ["{python}", "{examples}/01-reference-agent/refagent.py", "--version", "1"]
-        state_schema: 1            # the agent state schema the image writes
-        reads_state_schemas: [1]   # the versions it can read (migrate from)
+        state_schema: 1            # optional: the agent state schema the image writes
+        reads_state_schemas: [1]   # optional: the versions it can read (migrate from)
         env: {REFAGENT_HEARTBEAT_S: "2"}
+
+Schema versions are the agent's code's to say (``Agent(state_schema=...)`` and its
+``@agent.migration``s): when the map leaves ``state_schema`` out, the local runtime
+runs the command once with ``SHADOWPOD_DESCRIBE=1`` and reads what the code declares.
+A map that gives them overrides the code (a test's deliberately wrong claim).
 
 Placeholders in commands and env values: ``{python}`` (this interpreter),
 ``{examples}`` (the examples directory), ``{here}`` (the map file's directory).
@@ -31,11 +36,14 @@ class LocalImage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     command: list[str] = Field(min_length=1)
-    state_schema: int = Field(default=1, ge=1)
+    state_schema: int | None = Field(default=None, ge=1)
     reads_state_schemas: list[int] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
-    def info(self, image: str) -> ImageInfo:
+    def info(self, image: str) -> ImageInfo | None:
+        """What the map declares of ``image``; ``None`` when its code must say."""
+        if self.state_schema is None:
+            return None
         reads = self.reads_state_schemas or [self.state_schema]
         return ImageInfo(
             image=image, state_schema=self.state_schema, reads_state_schemas=sorted(reads)
@@ -99,6 +107,8 @@ def reference_images(heartbeat_s: float = 0.0) -> ImageMap:
     """The reference agent's two versions (used by the demo, the benchmarks and tests).
 
     ``refagent:v2-b`` is v2 under another tag: a move that is not an upgrade.
+    ``refagent:v2-reworded`` and ``refagent:v2-forgetful`` are v2 saying the same in
+    other words, and v2 regressed (it forgets the user's name): upgrade gates' tests.
     """
     env = {"REFAGENT_HEARTBEAT_S": str(heartbeat_s)}
     script = "{examples}/01-reference-agent/refagent.py"
@@ -118,6 +128,13 @@ def reference_images(heartbeat_s: float = 0.0) -> ImageMap:
                 },
                 "refagent:v2": v2,
                 "refagent:v2-b": v2,
+                **{
+                    f"refagent:v2-{variant}": {
+                        **v2,
+                        "command": ["{python}", script, "--version", "2", "--variant", variant],
+                    }
+                    for variant in ("reworded", "forgetful")
+                },
             }
         }
     )

@@ -71,10 +71,17 @@ class Verdict:
 
 class ClientLoad:
     def __init__(
-        self, client: GatewayClient, session: str, rate: float, *, prefix: str = "load"
+        self,
+        client: GatewayClient,
+        session: str,
+        rate: float,
+        *,
+        prefix: str = "load",
+        message: Callable[[int], str] | None = None,
     ) -> None:
         if rate <= 0:
             raise ValueError("rate must be positive")
+        self.message = message or (lambda n: f"message {n}")
         self.client = client
         self.session = session
         self.rate = rate
@@ -125,7 +132,7 @@ class ClientLoad:
         while True:
             try:
                 accepted = await self.client.post_message(
-                    self.session, f"message {message.n}", id=message.id
+                    self.session, self.message(message.n), id=message.id
                 )
             except (aiohttp.ClientError, TimeoutError, GatewayError) as exc:
                 if isinstance(exc, GatewayError) and exc.status < 500:

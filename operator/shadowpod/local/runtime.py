@@ -36,6 +36,7 @@ import aiohttp
 
 from shadowpod.agent.identity import Identity
 from shadowpod.agent.processes import ProcessInventory
+from shadowpod.agent.settings import DESCRIBE_ENV
 from shadowpod.agent.termination import TERMINATION_LOG_ENV
 from shadowpod.api.models import DrainReport
 from shadowpod.client.agent import instance_status, read_agent_status
@@ -51,6 +52,8 @@ AGENT_PORT: Final = 8080
 # How long a drain report on a dead owner's behalf is retried while the gateway is away.
 REPORT_RETRY_S: Final = 15.0
 REPORT_CLOSE_S: Final = 2.0
+# An agent's imports (a framework's) may take seconds on a busy machine.
+DESCRIBE_TIMEOUT_S: Final = 60.0
 
 
 @dataclass
@@ -119,6 +122,7 @@ class LocalRuntime:
         self._watchers: set[asyncio.Task[None]] = set()
         self._making_spare = asyncio.Lock()
         self._reports: set[asyncio.Task[None]] = set()
+        self._described: dict[str, ImageInfo] = {}  # what images' code said
 
     def register_session(self, session: str, agent_token: str) -> None:
         """The agent token instances of ``session`` present (given once at creation)."""
@@ -157,7 +161,50 @@ class LocalRuntime:
     # --- the Runtime port -------------------------------------------------------------
 
     async def describe(self, image: str) -> ImageInfo:
-        return self.images.resolve(image).info(image)
+        """What the image map declares of ``image``, or else what its code says."""
+        local = self.images.resolve(image)
+        declared = local.info(image)
+        if declared is not None:
+            return declared
+        if image not in self._described:
+            self._described[image] = await self._ask_code(image, local)
+        return self._described[image]
+
+    async def _ask_code(self, image: str, local: LocalImage) -> ImageInfo:
+        process = await asyncio.create_subprocess_exec(
+            *local.command,
+            env={**self._image_env(local), DESCRIBE_ENV: "1"},
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            out, err = await asyncio.wait_for(process.communicate(), DESCRIBE_TIMEOUT_S)
+        except TimeoutError:
+            process.kill()
+            await process.wait()
+            raise RuntimeFailure(
+                f"image {image!r} did not say its state schema within {DESCRIBE_TIMEOUT_S:g} s "
+                f"(its command run with {DESCRIBE_ENV}=1); declare state_schema and "
+                "reads_state_schemas for it in the image map"
+            ) from None
+        lines = out.decode(errors="replace").strip().splitlines()
+        try:
+            if process.returncode != 0 or not lines:
+                raise ValueError(f"exit code {process.returncode}")
+            said = json.loads(lines[-1])
+            return ImageInfo(
+                image=image,
+                state_schema=said["state_schema"],
+                reads_state_schemas=sorted(said["reads_state_schemas"]),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            why = (err.decode(errors="replace").strip().splitlines() or [str(exc)])[-1]
+            raise RuntimeFailure(
+                f"image {image!r} could not say its state schema (its command run with "
+                f"{DESCRIBE_ENV}=1: {why}); is it a Shadowpod agent? Or declare "
+                "state_schema and reads_state_schemas for it in the image map"
+            ) from None
 
     async def missing_credentials(self, image: str, names: list[str]) -> list[str]:
         self.images.resolve(image)

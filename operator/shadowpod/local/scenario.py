@@ -1,13 +1,15 @@
 """A live scenario: one session under steady client load, migrated while it serves.
 
 Used by ``shadowpod demo``, ``shadowpod bench migrate`` and the migration tests. It
-starts a gateway and the reference agent v1, seeds a memory under v1 ("my name is
-Ada"), drives client load, runs migrations through the engine, and finally checks
+starts a gateway and an agent (``AgentUnderTest``: the reference agent v1 by
+default), seeds a memory under the first version (its opening messages: "my name
+is Ada"), drives client load, runs migrations through the engine, and finally checks
 the invariants from the client's side and from the journal:
 
 - no message lost, none answered twice, replies in order, each reply from exactly
   one version, versions changing only at migrations;
-- every version after v1 answers with v1's memory;
+- every later version answers with the first one's memory (the agent's memory
+  check: a text each of their replies carries);
 - at each fence, the new owner's state equals the fold of the journal up to
   ``fence_seq`` (what the source would have had);
 - schedules fired exactly once each; the source drained its background processes.
@@ -40,12 +42,13 @@ from shadowpod.engine.record import (
 from shadowpod.local.checks import Check, merge, session_checks
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.figures import combine, quiet_latency_maxima
-from shadowpod.local.images import ImageMap, reference_images
+from shadowpod.local.images import ImageMap
 from shadowpod.local.load import ClientLoad, Verdict
 from shadowpod.local.outcome import MigrationOutcome
+from shadowpod.local.subject import REFERENCE_NAME, AgentUnderTest, reference_agent
 
 SESSION: Final = "demo"
-NAME: Final = "Ada"
+NAME: Final = REFERENCE_NAME
 CREDENTIAL: Final = "weather-api"
 # A migration's window opens a little before it: messages sent just before may wait on it.
 WINDOW_LEAD_S: Final = 0.05
@@ -84,7 +87,8 @@ class LiveSession:
 
 
 class LiveScenario:
-    """``sessions`` sessions of the reference agent share ``rate`` msg/s of client load."""
+    """``sessions`` sessions of ``agent`` (the reference agent by default) share
+    ``rate`` msg/s of client load."""
 
     def __init__(
         self,
@@ -99,19 +103,22 @@ class LiveScenario:
         warm_spares: bool = False,
         journal_url: str | None = None,
         checkpoints: bool = False,
+        agent: AgentUnderTest | None = None,
     ) -> None:
         if sessions < 1:
             raise ValueError("a scenario needs at least one session")
         self.workdir = workdir
         self.rate = rate
         self.session_count = sessions
+        self.agent = agent or reference_agent(heartbeat_s)
         self.deployment = LocalDeployment(
             workdir,
-            images or reference_images(heartbeat_s),
+            images or self.agent.images,
             warm_spares=warm_spares,
             journal_url=journal_url,
             checkpoints=checkpoints,
         )
+        self.first_version = "1"  # what the first owner's replies say (``meta.version``)
         self.policy = policy or MigrationPolicy()
         self.on_phase = on_phase
         self.client: GatewayClient | None = None
@@ -163,7 +170,7 @@ class LiveScenario:
             else [f"{SESSION}-{n}" for n in range(self.session_count)]
         )
         for name in names:
-            owner = InstanceRef(name=f"{name}-v1", image="refagent:v1")
+            owner = InstanceRef(name=f"{name}-v1", image=self.agent.source)
             await dep.create_session(
                 name,
                 image=owner.image,
@@ -171,13 +178,16 @@ class LiveScenario:
                 credentials=[CREDENTIAL],
                 schedules=[ScheduleSpec(schedule_id="digest", every_s=2.0, content="daily digest")],
             )
-            live = LiveSession(name, owner, ClientLoad(self.client, name, self.rate / len(names)))
+            load = ClientLoad(self.client, name, self.rate / len(names), message=self.agent.message)
+            live = LiveSession(name, owner, load)
             live.watcher = asyncio.create_task(live.load.watch(), name=f"watch-replies-{name}")
             self.sessions[name] = live
         for live in self.sessions.values():
-            # A memory written under v1, which later versions must answer with.
-            seed = await self.client.post_message(live.name, f"my name is {NAME}", id="seed-name")
-            await self._wait_reply(live, seed.seq)
+            # A memory written under the first version, which later ones must answer with.
+            for n, text in enumerate(self.agent.seed):
+                seed = await self.client.post_message(live.name, text, id=f"seed-{n}")
+                await self._wait_reply(live, seed.seq)
+                self.first_version = live.load.replies[seed.seq][0].version
         for live in self.sessions.values():
             live.sender = asyncio.create_task(
                 live.load.run(self._stop), name=f"client-load-{live.name}"
@@ -334,7 +344,13 @@ class LiveScenario:
         for live in self.sessions.values():
             journal = await self.journal(live.name)
             self._verify_states(live, journal)
-            for check in session_checks(live.migrations, live.load, journal, name=NAME):
+            for check in session_checks(
+                live.migrations,
+                live.load,
+                journal,
+                remembers=self.agent.remembers,
+                first_version=self.first_version,
+            ):
                 checks.setdefault(check.name, []).append(check)
         verdict = combine([live.load for live in self.sessions.values()])
         report = ScenarioReport(verdict=verdict, migrations=self.migrations)

@@ -1,0 +1,176 @@
+"""A LangGraph agent on Shadowpod: a ``StateGraph`` with a tool-calling chat model, a
+``ToolNode`` with an idempotent ``lookup`` and a side-effecting ``send_email``, and a
+human-in-the-loop approval — made migratable by its checkpointer.
+
+    python examples/03-langgraph/agent.py [--version 2]
+
+The chat model is a deterministic fake (no network, no API key): what it answers
+depends only on the conversation, as a real model's would, not on which process
+asks it. What it does with a message:
+
+- ``lookup <city>`` — calls ``lookup`` (idempotent, may be repeated after a move);
+- ``email <to> <text>`` — calls ``send_email`` (a side effect: takes
+  ``$EMAIL_DELAY_S`` seconds; never repeated);
+- ``both <city> <to>`` — both tools in one model answer (parallel tool calls);
+- ``chain <to> <city>`` — two rounds: the email, then, seeing its result, the lookup;
+- ``approve <text>`` — asks the user first (a LangGraph ``interrupt``); the next
+  message (``yes`` or anything else) answers it, whichever process owns the session;
+- anything else — ``you said: <text> (<n> messages so far)``, ``n`` counted in the
+  graph's own history.
+
+Each tool appends a line to ``$TOOL_LOG`` every time it runs (to count them).
+Every reply carries ``meta.version``, ``meta.instance`` and ``meta.epoch``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.tools import tool
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import interrupt
+from pydantic import JsonValue
+
+from shadowpod.agent import Agent, Turn
+from shadowpod.integrations.langgraph import ShadowpodSaver, graph_handler, tool_node
+
+
+class ScriptedChatModel(BaseChatModel):
+    """A tool-calling chat model whose answer is a function of the conversation."""
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> ScriptedChatModel:
+        return self
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return ChatResult(generations=[ChatGeneration(message=self._answer(messages))])
+
+    def _answer(self, messages: list[BaseMessage]) -> AIMessage:
+        last = messages[-1]
+        if isinstance(last, ToolMessage):
+            human = messages[_last_human(messages)]
+            if human.text.startswith("chain ") and last.name == "send_email":
+                city = human.text.split()[-1]
+                call = {"name": "lookup", "args": {"city": city}, "id": f"call-{human.id}-lookup"}
+                return AIMessage(content="", tool_calls=[call])
+            results = [m for m in messages[_last_human(messages) :] if isinstance(m, ToolMessage)]
+            return AIMessage(content="; ".join(f"{m.name}: {m.text}" for m in results))
+        asked = last.text
+        command, _, rest = asked.partition(" ")
+        base = f"call-{last.id}"
+        calls: list[dict[str, Any]] = []
+        if command == "lookup":
+            calls = [{"name": "lookup", "args": {"city": rest}, "id": f"{base}-lookup"}]
+        elif command == "email":
+            to, _, text = rest.partition(" ")
+            calls = [
+                {"name": "send_email", "args": {"to": to, "text": text}, "id": f"{base}-email"}
+            ]
+        elif command == "chain":  # two rounds: the email, then (seeing its result) the lookup
+            to, _, city = rest.partition(" ")
+            args = {"to": to, "text": city}
+            calls = [{"name": "send_email", "args": args, "id": f"{base}-email"}]
+        elif command == "both":
+            city, _, to = rest.partition(" ")
+            calls = [
+                {"name": "lookup", "args": {"city": city}, "id": f"{base}-lookup"},
+                {"name": "send_email", "args": {"to": to, "text": city}, "id": f"{base}-email"},
+            ]
+        if calls:
+            return AIMessage(content="", tool_calls=calls)
+        said = sum(isinstance(m, HumanMessage) for m in messages)
+        return AIMessage(content=f"you said: {asked} ({said} messages so far)")
+
+
+def _last_human(messages: list[BaseMessage]) -> int:
+    return max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
+
+
+def _ran(line: str) -> None:
+    with Path(os.environ.get("TOOL_LOG", "tools.log")).open("a") as log:
+        log.write(f"{line} pid={os.getpid()}\n")
+
+
+@tool
+async def lookup(city: str) -> str:
+    """Look up the weather of a city (no side effect: safe to repeat)."""
+    _ran(f"lookup {city}")
+    return f"sunny in {city}"
+
+
+@tool
+async def send_email(to: str, text: str) -> str:
+    """Send an email (a side effect: never to be repeated)."""
+    _ran(f"email {to} {text}")
+    await asyncio.sleep(float(os.environ.get("EMAIL_DELAY_S", "0")))
+    return f"sent to {to}"
+
+
+def build_graph(checkpointer: BaseCheckpointSaver[Any]) -> Any:
+    """The graph, with any checkpointer (``shadowpod bench langgraph`` runs it with
+    LangGraph's own ``SqliteSaver`` too); its tool calls are journaled when it is
+    Shadowpod's."""
+    model = ScriptedChatModel().bind_tools([lookup, send_email])
+    tools = (
+        tool_node(checkpointer, [lookup, send_email], idempotent={"lookup"})
+        if isinstance(checkpointer, ShadowpodSaver)
+        else ToolNode([lookup, send_email])
+    )
+
+    async def call_model(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    def approval(state: MessagesState) -> dict[str, Any]:
+        text = state["messages"][-1].text.partition(" ")[2]
+        answer = interrupt(f"send {text!r}? answer yes or no")
+        verdict = "approved" if str(answer).strip().lower() == "yes" else "cancelled"
+        return {"messages": [AIMessage(content=f"{verdict}: {text}")]}
+
+    def route(state: MessagesState) -> str:
+        return "approval" if state["messages"][-1].text.startswith("approve ") else "model"
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("model", call_model)
+    builder.add_node("tools", tools)
+    builder.add_node("approval", approval)
+    builder.add_conditional_edges(START, route, ["approval", "model"])
+    builder.add_conditional_edges("model", tools_condition, ["tools", END])
+    builder.add_edge("tools", "model")
+    builder.add_edge("approval", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def make_agent(version: str) -> Agent:
+    agent = Agent("langgraph-demo", version=version)
+    saver = ShadowpodSaver()
+
+    def meta(turn: Turn) -> dict[str, JsonValue]:
+        return {"version": version, "instance": turn.instance, "epoch": turn.epoch}
+
+    agent.on_message(graph_handler(saver, build_graph(saver), meta=meta))
+    return agent
+
+
+if __name__ == "__main__":
+    version = sys.argv[sys.argv.index("--version") + 1] if "--version" in sys.argv else "1"
+    make_agent(version).run()

@@ -1,0 +1,316 @@
+"""``shadowpod bench langgraph``: one LangGraph agent, two checkpointers, side by side.
+
+The agent is the LangGraph example (``examples/03-langgraph``: a ``StateGraph`` with
+a tool-calling chat model). Its conversation is driven to 10, 1,000 and 10,000 turns
+with each checkpointer, and at each length the benchmark measures one more turn
+(the median of a few) and the bytes stored:
+
+- **LangGraph's ``AsyncSqliteSaver``** (``langgraph-checkpoint-sqlite``) in a SQLite
+  file: a turn is the graph's run, its checkpoints written by the saver. It stores
+  every new version of the ``messages`` channel whole, so each turn writes the whole
+  conversation again: its cost grows with the conversation, its file quadratically.
+- **Shadowpod's ``ShadowpodSaver``**: a turn is what an owner does — the graph's run,
+  its checkpoints as deltas of the agent's state, and the turn's outputs (reply,
+  state entry, ack) appended durably to a real SQLite journal store (the gateway's,
+  in process: no HTTP), the journal folded as an owner folds it. Bytes: the journal
+  file.
+
+A turn's time is measured from the graph's start to its outputs being durable; most
+of it, at length, is LangGraph's own work on the whole conversation (``add_messages``
+indexes every message each step), the same with either saver. So the checkpointer's
+own share is measured apart: the time spent inside the saver's methods (for
+Shadowpod: those, computing the turn's state entry, and the durable append of the
+turn's outputs); LangGraph writes a step's task results concurrently, so this time
+may overlap itself and exceed the turn's. Both run with ``durability="sync"``
+(each checkpoint durable before the next step, as a migration needs). The figures
+are the machine's (shared, 2 cores: see ``machine``); the SQLite saver is not
+driven past ``sqlite_max_turns`` (its file at 10,000 turns would be ~100 times the
+one at 1,000).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Final
+
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+from shadowpod.agent import Turn
+from shadowpod.bench.machine import LOOP_STEPS, MachineProbe
+from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.ownership import Ownership
+from shadowpod.domain.payloads import AckPayload, MessagePayload, Role
+from shadowpod.domain.reducer import StateFolder
+from shadowpod.domain.state import SessionState
+from shadowpod.integrations.langgraph import ShadowpodSaver, graph_handler
+from shadowpod.journal.sqlite.store import SQLiteJournalStore
+from shadowpod.local.images import examples_dir
+
+SESSION: Final = "bench"
+EXAMPLE: Final = "03-langgraph/agent.py"
+# The conversation's own messages: a plain turn (no tool): the model answers.
+MESSAGE: Final = "tell me about turn {n}, please"
+
+
+@dataclass(frozen=True)
+class LangGraphBenchConfig:
+    lengths: tuple[int, ...] = (10, 1_000, 10_000)
+    samples: int = 5  # turns measured at each length (the median is reported)
+    sqlite_max_turns: int = 1_000
+    workdir: Path | None = None
+    loop_steps: int = LOOP_STEPS
+
+
+def _build_graph() -> Callable[[Any], Any]:
+    path = examples_dir() / EXAMPLE
+    spec = importlib.util.spec_from_file_location("shadowpod_bench_langgraph_agent", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load the LangGraph example from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    build: Callable[[Any], Any] = module.build_graph
+    return build
+
+
+def _file_bytes(path: Path) -> int:
+    # Checkpoint first: the WAL is scratch space that is reused, not growth.
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return path.stat().st_size
+
+
+class _Stopwatch:
+    """The seconds spent inside some of an object's coroutine methods."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, target: Any, *names: str) -> None:
+        for name in names:
+            method = getattr(target, name)
+
+            async def timed(*args: Any, _method: Any = method, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await _method(*args, **kwargs)
+                finally:
+                    self.seconds += time.perf_counter() - started
+
+            setattr(target, name, timed)
+
+    def lap(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+
+SAVER_METHODS: Final = ("aget_tuple", "aput", "aput_writes")
+
+
+class _Owner:
+    """What an owner does for one session, in process: turns on the folded state,
+    their outputs appended durably to the journal store, and folded back."""
+
+    def __init__(self, store: SQLiteJournalStore, graph: Any, saver: ShadowpodSaver) -> None:
+        self.store = store
+        self.handler = graph_handler(saver, graph)
+        self.folder = StateFolder(SessionState())
+        self.saving = _Stopwatch()
+        self.saving.wrap(saver, *SAVER_METHODS)
+
+    async def _append(self, entries: list[NewEntry], epoch: int | None) -> list[int]:
+        appended = await self.store.append(SESSION, entries, owner_epoch=epoch)
+        now = datetime.now(UTC)
+        self.folder.apply_all(
+            JournalEntry(a.seq, e.id, e.kind, epoch or 0, now, e.payload)
+            for a, e in zip(appended, entries, strict=True)
+        )
+        return [a.seq for a in appended]
+
+    async def turn(self, content: str) -> tuple[float, float]:
+        """One turn: the seconds from the graph's start to its outputs being durable,
+        and those of them spent saving its checkpoints."""
+        inbound = NewEntry.of(MessagePayload(role=Role.USER, content=content))
+        (seq,) = await self._append([inbound], None)
+        state = self.folder.peek()
+        started = time.perf_counter()
+        turn = Turn(
+            tools={},
+            state_schema=1,
+            state=state,
+            inbound=state.pending[seq],
+            values=dict(state.agent.values),
+            epoch=1,
+            instance="bench",
+            append=lambda entries: self._append(list(entries), 1),
+            processes=None,  # type: ignore[arg-type]  # this agent starts none
+        )
+        await self.handler(turn)
+        ended = time.perf_counter()
+        outputs = turn.take_outputs()
+        if (entry := turn.state_entry()) is not None:
+            outputs.append(entry)
+        outputs.append(NewEntry.of(AckPayload(turn=seq), id=f"ack:{seq}"))
+        await self._append(outputs, 1)
+        now = time.perf_counter()
+        return now - started, self.saving.lap() + (now - ended)
+
+
+async def _shadowpod(config: LangGraphBenchConfig, workdir: Path) -> dict[str, Any]:
+    store = SQLiteJournalStore(workdir / "journal.db")
+    await store.open()
+    try:
+        await store.create_session(SESSION)
+        await store.compare_and_set_ownership(SESSION, 0, Ownership(epoch=1, owner="bench"))
+        saver = ShadowpodSaver()
+        owner = _Owner(store, _build_graph()(saver), saver)
+        return await _drive(config, config.lengths, owner.turn, lambda: _file_bytes(store.path))
+    finally:
+        await store.close()
+
+
+async def _sqlite(config: LangGraphBenchConfig, workdir: Path) -> dict[str, Any]:
+    lengths = tuple(n for n in config.lengths if n <= config.sqlite_max_turns)
+    async with AsyncSqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
+        graph = _build_graph()(saver)
+        saving = _Stopwatch()
+        saving.wrap(saver, *SAVER_METHODS)
+        runs = {"configurable": {"thread_id": "main"}}
+
+        async def turn(content: str) -> tuple[float, float]:
+            started = time.perf_counter()
+            # Durable before the next step, as Shadowpod's runs are (``run_graph``): the
+            # time inside the saver is then its own, not overlapping the graph's.
+            await graph.ainvoke(
+                {"messages": [HumanMessage(content=content)]}, runs, durability="sync"
+            )
+            return time.perf_counter() - started, saving.lap()
+
+        result = await _drive(
+            config, lengths, turn, lambda: _file_bytes(workdir / "checkpoints.db")
+        )
+    skipped = [n for n in config.lengths if n > config.sqlite_max_turns]
+    if skipped:
+        result["not_run"] = {
+            str(n): f"beyond --sqlite-max-turns {config.sqlite_max_turns}: its file grows "
+            "with the square of the turns"
+            for n in skipped
+        }
+    return result
+
+
+async def _drive(
+    config: LangGraphBenchConfig,
+    lengths: tuple[int, ...],
+    turn: Callable[[str], Awaitable[tuple[float, float]]],
+    size: Callable[[], int],
+) -> dict[str, Any]:
+    """Drive the conversation to each length; there, measure ``samples`` more turns."""
+    done = 0
+    by_length: dict[str, Any] = {}
+    for length in sorted(lengths):
+        started = time.perf_counter()
+        while done < length:
+            await turn(MESSAGE.format(n=done))
+            done += 1
+        filled_s = time.perf_counter() - started
+        stored = size()
+        times, saving = [], []
+        for _ in range(config.samples):
+            took, saved = await turn(MESSAGE.format(n=done))
+            times.append(took)
+            saving.append(saved)
+            done += 1
+        by_length[str(length)] = {
+            "one_more_turn_ms_p50": round(statistics.median(times) * 1000, 2),
+            "one_more_turn_ms_max": round(max(times) * 1000, 2),
+            "checkpointer_ms_p50": round(statistics.median(saving) * 1000, 2),
+            # What one more turn added to the file (its growth over the samples).
+            "one_more_turn_bytes": round((size() - stored) / config.samples),
+            "bytes_stored": stored,
+            "seconds_to_reach": round(filled_s, 1),
+        }
+    return {"by_turns": by_length}
+
+
+async def run_langgraph_bench(config: LangGraphBenchConfig) -> dict[str, Any]:
+    machine = MachineProbe(loop_steps=config.loop_steps)
+    machine.start()
+    workdir = Path(tempfile.mkdtemp(prefix="shadowpod-bench-lg-", dir=config.workdir))
+    try:
+        (workdir / "sp").mkdir()
+        (workdir / "lg").mkdir()
+        shadowpod = await _shadowpod(config, workdir / "sp")
+        sqlite = await _sqlite(config, workdir / "lg")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report: dict[str, Any] = {
+        "benchmark": "langgraph",
+        "agent": f"examples/{EXAMPLE} (StateGraph, scripted tool-calling chat model)",
+        "config": {"lengths": list(config.lengths), "samples": config.samples},
+        "savers": {"shadowpod": shadowpod, "langgraph_sqlite": sqlite},
+        "ratios_sqlite_over_shadowpod": _ratios(sqlite, shadowpod),
+        "machine": machine.report(),
+    }
+    report["targets"] = _targets(report)
+    return report
+
+
+# Shadowpod's write per turn is flat (within this factor from the shortest to the
+# longest conversation) and at 1,000 turns at least this many times smaller than
+# the SQLite saver's.
+FLAT_WITHIN: Final = 1.5
+CHEAPER_AT_1000: Final = 20.0
+
+
+def _targets(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    ours = report["savers"]["shadowpod"]["by_turns"]
+    lengths = sorted(ours, key=int)
+    first, last = ours[lengths[0]]["one_more_turn_bytes"], ours[lengths[-1]]["one_more_turn_bytes"]
+    growth = round(last / max(first, 1), 2)
+    at_1000 = report["ratios_sqlite_over_shadowpod"].get("1000", {}).get("one_more_turn_bytes")
+    return {
+        "shadowpod_turn_bytes_flat": {
+            "target": FLAT_WITHIN,
+            "measured": growth,
+            "met": growth <= FLAT_WITHIN if len(lengths) > 1 else None,
+        },
+        "turn_bytes_cheaper_at_1000": {
+            "target": CHEAPER_AT_1000,
+            "measured": at_1000,
+            "met": None if at_1000 is None else at_1000 >= CHEAPER_AT_1000,
+        },
+    }
+
+
+def _ratios(sqlite: dict[str, Any], shadowpod: dict[str, Any]) -> dict[str, Any]:
+    ratios: dict[str, Any] = {}
+    for length, theirs in sqlite["by_turns"].items():
+        ours = shadowpod["by_turns"].get(length)
+        if ours is None:
+            continue
+        ratios[length] = {
+            "checkpointer_ms": round(
+                theirs["checkpointer_ms_p50"] / max(ours["checkpointer_ms_p50"], 1e-9), 2
+            ),
+            "one_more_turn_ms": round(
+                theirs["one_more_turn_ms_p50"] / max(ours["one_more_turn_ms_p50"], 1e-9), 2
+            ),
+            "one_more_turn_bytes": round(
+                theirs["one_more_turn_bytes"] / max(ours["one_more_turn_bytes"], 1), 2
+            ),
+            "bytes_stored": round(theirs["bytes_stored"] / max(ours["bytes_stored"], 1), 2),
+        }
+    return ratios

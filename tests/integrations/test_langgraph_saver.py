@@ -1,0 +1,58 @@
+"""The LangGraph checkpointer over a real journal store: a history longer than a log
+chunk reads back from the journal alone (a fresh saver on the folded state, as a new
+owner has), and each turn journals the same bytes however long the history is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from shadowpod.bench.langgraph import SESSION, _build_graph, _Owner
+from shadowpod.domain.entries import JournalEntry
+from shadowpod.domain.ownership import Ownership
+from shadowpod.domain.payloads import EntryKind
+from shadowpod.domain.reducer import fold
+from shadowpod.domain.state import SessionState
+from shadowpod.integrations.langgraph import ShadowpodSaver
+from shadowpod.integrations.langgraph.saver import CHUNK
+from shadowpod.journal.sqlite.store import SQLiteJournalStore
+
+TURNS = 150  # 300 messages: more than one chunk of the messages log
+
+
+async def test_a_long_history_reads_back_from_the_journal_alone(tmp_path: Path) -> None:
+    assert 2 * TURNS > CHUNK
+    store = SQLiteJournalStore(tmp_path / "journal.db")
+    await store.open()
+    try:
+        await store.create_session(SESSION)
+        await store.compare_and_set_ownership(SESSION, 0, Ownership(epoch=1, owner="test"))
+        saver = ShadowpodSaver()
+        owner = _Owner(store, _build_graph()(saver), saver)
+        for n in range(TURNS):
+            await owner.turn(f"message {n:03d}")
+        entries: list[JournalEntry] = []
+        while page := await store.read(SESSION, after=entries[-1].seq if entries else 0):
+            entries += page
+    finally:
+        await store.close()
+
+    state = fold(SessionState(), entries)
+    assert state.extensions == []
+    fresh = ShadowpodSaver(values=state.agent.values)
+    graph = _build_graph()(fresh)
+    config = {"configurable": {"thread_id": "main"}}
+    messages = graph.get_state(config).values["messages"]
+    assert [m.text for m in messages[::2]] == [f"message {n:03d}" for n in range(TURNS)]
+    assert messages[-1].text == f"you said: message {TURNS - 1:03d} ({TURNS} messages so far)"
+    assert len(list(graph.get_state_history(config))) == 3 * TURNS
+
+    # Each turn's state entry is the same size, whatever the length of the history:
+    # early ones are larger only by the buckets they open (an empty object each).
+    sizes = [len(orjson.dumps(e.payload)) for e in entries if e.kind == EntryKind.STATE]
+    assert len(sizes) == TURNS
+    assert max(sizes[-50:]) <= max(sizes[:50])
+    # A turn that opens no bucket: the same bytes in the middle and at the end.
+    middle, last = min(sizes[50:100]), min(sizes[-50:])
+    assert abs(last - middle) <= 16, (middle, last)
