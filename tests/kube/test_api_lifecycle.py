@@ -145,6 +145,44 @@ async def test_an_eviction_that_would_break_a_budget_is_refused_with_429(
         assert budget.status.disruptions_allowed == 0 and budget.status.current_healthy == 1
 
 
+@pytest.mark.parametrize(
+    ("policy", "allowed"), [(None, False), ("IfHealthyBudget", False), ("AlwaysAllow", True)]
+)
+async def test_an_unready_pod_is_evicted_only_as_its_budgets_unhealthy_pod_policy_says(
+    emulator_kube: KubeConnection, policy: str | None, allowed: bool
+) -> None:
+    """A running pod that is not Ready, under a budget that is not met (its only pod is
+    that one): the default policy, IfHealthyBudget, refuses its eviction; AlwaysAllow
+    lets it go. (An owner pod that stopped being ready while a session moves must not be
+    evicted by a drain under the default.)"""
+    async with emulator_kube.api() as api:
+        core, pdbs = client.CoreV1Api(api), client.PolicyV1Api(api)
+        spec: dict[str, Any] = {"maxUnavailable": 0, "selector": {"matchLabels": {"app": "x"}}}
+        if policy is not None:
+            spec["unhealthyPodEvictionPolicy"] = policy
+        await pdbs.create_namespaced_pod_disruption_budget(
+            "default", {"metadata": {"name": "owner"}, "spec": spec}
+        )
+        await core.create_namespaced_pod("default", pod("unready", {"app": "x"}, "node-1"))
+        await core.patch_namespaced_pod_status(
+            "unready",
+            "default",
+            {"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}]}},
+        )
+        if allowed:
+            await core.create_namespaced_pod_eviction(
+                "unready", "default", eviction("unready", "default")
+            )
+            gone = await core.read_namespaced_pod("unready", "default")
+            assert gone.metadata.deletion_timestamp is not None
+        else:
+            with pytest.raises(ApiException) as caught:
+                await core.create_namespaced_pod_eviction(
+                    "unready", "default", eviction("unready", "default")
+                )
+            assert caught.value.status == 429
+
+
 async def test_a_bound_pod_is_deleted_gracefully_and_an_unbound_one_at_once(
     emulator_kube: KubeConnection,
 ) -> None:

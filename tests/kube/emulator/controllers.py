@@ -204,9 +204,23 @@ class Controllers:
                 "subresource does not support.",
                 {},
             )
+        if pod["metadata"].get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in (
+            "Pending",
+            "Succeeded",
+            "Failed",
+        ):
+            return  # as the API server: no budget guards a pod that is going or not running
         for pdb in budgets:
             status = budget_status(pdb, pods)
-            if status["disruptionsAllowed"] <= 0 and _healthy(pod):
+            if _healthy(pod):
+                refused = status["disruptionsAllowed"] <= 0
+            else:
+                # An unready pod, by the budget's unhealthyPodEvictionPolicy: AlwaysAllow,
+                # or IfHealthyBudget (the default): only while the budget is met.
+                policy = (pdb.get("spec") or {}).get("unhealthyPodEvictionPolicy")
+                met = 0 < status["desiredHealthy"] <= status["currentHealthy"]
+                refused = policy != "AlwaysAllow" and not met
+            if refused:
                 raise errors.too_many_requests(
                     "Cannot evict pod as it would violate the pod's disruption budget.",
                     [
