@@ -164,8 +164,14 @@ async def test_instances_of_a_session_that_is_gone_say_so_instead_of_retrying_fo
     logged = [json.loads(line) for line in instance.log.read_text().splitlines()]
     failures = [r for r in logged if r["level"] == "error"]
     assert len(failures) == 1 and "404 SessionNotFound" in failures[0]["exc"], failures
-    # The owner stays up, failed, and says why.
-    owner = await dep.runtime.status(OWNER)
+
+    # The owner stays up, failed, and says why (once its own reconnect, on its own
+    # backoff, has been refused: it may come after the shadow's).
+    async def owner_failed() -> InstanceStatus | None:
+        status = await dep.runtime.status(OWNER)
+        return status if status.mode == "failed" or not status.alive else None
+
+    owner = await wait_for(owner_failed, "the owner to say it failed")
     assert (owner.alive, owner.mode, owner.ready) == (True, "failed", False)
     assert owner.error is not None
     assert "404 SessionNotFound: session 's1' does not exist" in owner.error, owner.error
