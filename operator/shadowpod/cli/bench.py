@@ -146,6 +146,15 @@ def _print_journal(report: dict[str, Any]) -> None:
     help="Short warm-up and gaps: checks that it runs, figures mean little.",
 )
 @click.option(
+    "--warmup",
+    "warmup_s",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds of load before the first migration: the history a session holds"
+    " when it first moves (about rate / sessions * warmup turns).",
+)
+@click.option(
     "--max-backlog",
     "max_backlog_s",
     default=10.0,
@@ -165,6 +174,7 @@ def migrate(
     memory_mb: tuple[int, ...],
     compare: int,
     quick: bool,
+    warmup_s: float,
     max_backlog_s: float,
     as_json: bool,
     check: bool,
@@ -185,6 +195,7 @@ def migrate(
         sessions=sessions,
         strategy="restart" if strategy == "restart" else "shadow",
         compare=compare,
+        warmup_s=warmup_s,
         max_backlog_s=max_backlog_s,
     )
     if quick:
