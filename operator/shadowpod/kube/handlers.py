@@ -249,8 +249,20 @@ def registry(
 async def _unless_stopped(work: Coroutine[Any, Any, None], stopped: kopf.DaemonStopped) -> None:
     """Run ``work`` until it ends or ``stopped`` is set, then cancel it. Kopf never
     cancels a timer: one mid-pass when its session goes or the operator stops would be
-    left running, orphaned, with its connections open."""
-    task = asyncio.ensure_future(work)
+    left running, orphaned, with its connections open.
+
+    ``work`` runs in a task of its own that never ends in an exception (its error is
+    raised here, in the handler, where Kopf reports it): an operator that stops
+    re-raises whatever error any leftover task of its loop ended with."""
+
+    async def guarded() -> BaseException | None:
+        try:
+            await work
+        except Exception as exc:  # noqa: BLE001 - raised below, in the handler
+            return exc
+        return None
+
+    task = asyncio.ensure_future(guarded())
     halt = asyncio.ensure_future(stopped.wait())
     try:
         await asyncio.wait({task, halt}, return_when=asyncio.FIRST_COMPLETED)
@@ -260,9 +272,10 @@ async def _unless_stopped(work: Coroutine[Any, Any, None], stopped: kopf.DaemonS
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await halt
-    if task.cancelled():
-        return
-    task.result()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    if not task.cancelled() and (error := task.result()) is not None:
+        raise error
 
 
 async def _failed(
