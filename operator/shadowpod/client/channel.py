@@ -104,7 +104,12 @@ class OwnerChannelClient:
             "entries": [{"id": e.id, "kind": e.kind, "payload": e.payload} for e in entries],
         }
         try:
-            await self._ws.send_bytes(orjson.dumps(body))
+            try:
+                await self._ws.send_bytes(orjson.dumps(body))
+            except (aiohttp.ClientError, ConnectionError) as exc:
+                # The gateway closed the channel while the frame was still going out (a
+                # frame over its limit is refused as soon as its header is read).
+                raise ChannelClosed(f"the owner channel broke: {exc}") from exc
             appended = await future
         finally:
             self._pending.pop(request_id, None)
