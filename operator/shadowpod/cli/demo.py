@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console, Group
@@ -282,8 +282,7 @@ def demo(
     except KeyboardInterrupt:
         interrupted()
     except Exception as exc:  # noqa: BLE001 — a demo that cannot run says why, briefly
-        logs = f"logs in {work}" if keep else "run it with --workdir DIR to keep its logs"
-        fail(f"the demo could not run: {exc} ({logs})", 2)
+        _could_not_run(exc, work, keep)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -294,6 +293,11 @@ def demo(
     sys.exit(0 if report.ok else 1)
 
 
+def _could_not_run(exc: Exception, work: Path, keep: bool) -> NoReturn:
+    logs = f"logs in {work}" if keep else "run it with --workdir DIR to keep its logs"
+    fail(f"the demo could not run: {exc} ({logs})", 2)
+
+
 def _gate_demo(work: Path, keep: bool, as_json: bool, console: Console) -> None:
     try:
         with console.status("two upgrades under shadow compare, a client talking throughout"):
@@ -301,8 +305,7 @@ def _gate_demo(work: Path, keep: bool, as_json: bool, console: Console) -> None:
     except KeyboardInterrupt:
         interrupted()
     except Exception as exc:  # noqa: BLE001 — a demo that cannot run says why, briefly
-        logs = f"logs in {work}" if keep else "run it with --workdir DIR to keep its logs"
-        fail(f"the demo could not run: {exc} ({logs})", 2)
+        _could_not_run(exc, work, keep)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
