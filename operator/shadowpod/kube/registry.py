@@ -117,7 +117,7 @@ class CheckpointImages:
         self, method: str, url: str, headers: dict[str, str]
     ) -> tuple[int, str | None, str, str]:
         async with self.http.request(method, url, headers=headers, timeout=TIMEOUT) as response:
-            said = "" if method == "HEAD" else (await response.text())[:512]
+            said = "" if method == "HEAD" else " ".join((await response.text()).split())[:512]
             return (
                 response.status,
                 response.headers.get("Docker-Content-Digest"),
