@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import kmock
 import pytest
 
 from shadowpod.kube import podcheckpoints
@@ -181,3 +182,19 @@ async def test_a_restore_the_kubelet_refuses_falls_back_or_rolls_back(
 
         await eventually(only_source, timeout=30)
     assert await world.raw.get(checkpoint_path(world, shadow)) is None  # deleted after
+
+
+async def test_a_pod_checkpoint_the_api_server_forbids_says_to_enable_the_chart_switch(
+    kep_world: World, emulator: ApiServerEmulator, kubelet: Kubelet
+) -> None:
+    """No RBAC on podcheckpoints (an operator given --criu by hand): Auto moves the
+    session on the state path, saying which permission is missing and where."""
+    world = kep_world
+    emulator["post", kmock.resource("node.k8s.io", "v1alpha1", "podcheckpoints")] << 403
+    _, here, _ = await start_session(world, "kp")
+    await world.apply(move("move-kp", "kp", here))
+    status = (await world.wait_finished("move-kp"))["status"]
+    assert (status["result"], status["strategy"]) == ("Succeeded", "State"), status
+    assert "podcheckpoints create" in status["strategyMessage"]
+    assert "operator.criu=true" in status["strategyMessage"]
+    assert kubelet.pod_checkpoints is not None and kubelet.pod_checkpoints.taken == []
