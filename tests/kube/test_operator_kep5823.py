@@ -9,15 +9,19 @@ PodCheckpoint once the migration has ended."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import kmock
 import pytest
 
+from shadowpod.engine.record import MigrationRecord
 from shadowpod.kube import podcheckpoints
 from shadowpod.kube.api import KubeApi
 from shadowpod.kube.podcheckpoints import RESTORED_FROM_ANNOTATION
+from shadowpod.kube.records import MigrationRecords
 from tests.kube.connection import KubeConnection
 from tests.kube.emulator import ApiServerEmulator
 from tests.kube.emulator.kubelets import FEATURE_GATE_OFF
@@ -198,3 +202,42 @@ async def test_a_pod_checkpoint_the_api_server_forbids_says_to_enable_the_chart_
     assert "podcheckpoints create" in status["strategyMessage"]
     assert "operator.criu=true" in status["strategyMessage"]
     assert kubelet.pod_checkpoints is not None and kubelet.pod_checkpoints.taken == []
+
+
+@pytest.mark.parametrize("phase", ["Snapshotting", "Restoring", "CatchingUp"])
+async def test_an_operator_that_dies_mid_migration_goes_on_through_the_same_checkpoint(
+    kep_world: World, kubelet: Kubelet, phase: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped dead right after saving ``phase``: the next operator checkpoints the same
+    way (the mechanism is kept on the migration), takes no second checkpoint, restores
+    from the one taken, and deletes it."""
+    world = kep_world
+    saved_at_phase = threading.Event()
+    save = MigrationRecords.save
+
+    async def dies_after(self: MigrationRecords, record: MigrationRecord) -> None:
+        await save(self, record)
+        if record.phase == phase:
+            saved_at_phase.set()
+            await asyncio.sleep(3600)  # cancelled when the operator stops
+
+    name = f"kd{phase[:2].lower()}"
+    _, here, _ = await start_session(world, name)
+    monkeypatch.setattr(MigrationRecords, "save", dies_after)
+    await world.apply(move(f"move-{name}", name, here))
+    assert await asyncio.to_thread(saved_at_phase.wait, 60)
+    await world.stop_operator()
+    monkeypatch.setattr(MigrationRecords, "save", save)
+    await world.start_operator()
+    migration = await world.wait_finished(f"move-{name}")
+    status = migration["status"]
+    assert status["result"] == "Succeeded", status.get("message")
+    assert (status["checkpointMechanism"], World.record(migration).recoveries) == (
+        "PodCheckpoint",
+        1,
+    )
+    shadow = status["target"]["pod"]
+    assert kubelet.pod_checkpoints is not None and kubelet.pod_checkpoints.taken == [shadow]
+    body = await world.wait_running(name, epoch=2)
+    assert body["status"]["ownerPod"] == shadow
+    assert await world.raw.get(checkpoint_path(world, shadow)) is None
