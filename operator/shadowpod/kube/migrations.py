@@ -30,9 +30,8 @@ from shadowpod.engine.record import (
     MigrationSpec,
     Phase,
 )
-from shadowpod.kube import conditions, names
+from shadowpod.kube import checkpointers, conditions, names, podcheckpoints
 from shadowpod.kube.api import namespaced
-from shadowpod.kube.checkpoints import KubeletCheckpointer
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
 from shadowpod.kube.models.v1alpha1 import AgentMigration, AgentSession, MigrationCondition
@@ -166,11 +165,13 @@ async def _engine(
     await runtime.learn_source(record.spec.source.name)
     checkpointer = None
     if ctx.config.criu:
-        checkpointer = KubeletCheckpointer(
+        name = migration.metadata.name or ""
+        checkpointer = checkpointers.ClusterCheckpointer(
             ctx,
             session,
             runtime,
-            migration=migration.metadata.name,
+            mechanism=await checkpointers.chosen(ctx, session.metadata.namespace or "", name),
+            migration=name,
             node=migration.spec.target.node_name,
         )
     return MigrationEngine(runtime, ctx.control, records, checkpointer=checkpointer)
@@ -217,7 +218,13 @@ async def _new_record(
         source_node=await ctx.api.get(f"/api/v1/nodes/{source_node}") if source_node else None,
         target_node=await ctx.api.get(f"/api/v1/nodes/{target_node}") if target_node else None,
         target_node_name=target_node,
+        pod_checkpoints=await podcheckpoints.served(ctx.api) if ctx.config.criu else None,
     )
+    if choice.mechanism is not None:
+        await ctx.api.patch(
+            namespaced("agentmigrations", namespace, migration.metadata.name or ""),
+            {"metadata": {"annotations": {checkpointers.MECHANISM_ANNOTATION: choice.mechanism}}},
+        )
     spec = MigrationSpec(
         id=f"{namespace}/{migration.metadata.name}",
         session=gid,
@@ -289,6 +296,8 @@ async def _finish(
         else round(record.fence_pause_ms),
     }
     status: dict[str, Any] = {"activeMigration": None, "lastMigration": summary}
+    if ctx.config.criu:
+        await checkpointers.release(ctx, session, summary["name"], record)
     if record.phase is Phase.SUCCEEDED:
         owner_labels = {names.ROLE_LABEL: names.OWNER_ROLE, names.MIGRATION_LABEL: None}
         await ctx.api.patch(
