@@ -52,9 +52,11 @@ def _map(tmp_path: Path) -> Path:
 def deployment(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
     workdir = tmp_path / "w"
     output = (tmp_path / "up.out").open("w")
+    up = [sys.executable, "-m", "shadowpod", "up", "--workdir", str(workdir),
+          "--images", str(_map(tmp_path)), "--session", "chat"]  # fmt: skip
+    # As a shell starts a background job: SIGINT ignored (``up`` must still stop on it).
     process = subprocess.Popen(
-        [sys.executable, "-m", "shadowpod", "up", "--workdir", str(workdir),
-         "--images", str(_map(tmp_path)), "--session", "chat"],
+        ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *up],
         stdout=output,
         stderr=subprocess.STDOUT,
         text=True,
@@ -139,7 +141,7 @@ def test_up_serves_migrate_moves_it_twice_under_load_and_sigterm_stops_all(
 def test_a_migration_to_an_image_that_dies_rolls_back_with_the_reason(
     deployment: tuple[Path, subprocess.Popen[str]],
 ) -> None:
-    workdir, _ = deployment
+    workdir, process = deployment
     codes, load = asyncio.run(_talk_while(workdir, [["--to", "broken:v3"]]))
     assert codes == [1]
     verdict = load.verdict()
@@ -151,6 +153,10 @@ def test_a_migration_to_an_image_that_dies_rolls_back_with_the_reason(
     assert "RolledBack" in last and "no model weights found" in last, again.stderr
     # The session kept its owner and still moves.
     assert shadowpod("migrate", "--workdir", str(workdir), "--to", "refagent:v2").returncode == 0
+    # Ctrl-C stops it as SIGTERM does.
+    process.send_signal(signal.SIGINT)
+    assert process.wait(timeout=60) == 0
+    assert _agent_pids(workdir) == []
 
 
 def test_an_image_not_in_the_map_or_no_deployment_cannot_run(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -102,7 +103,11 @@ async def _up(workdir: Path, images: ImageMap, image: str, session: str, port: i
             "Ctrl-C stops it.",
         )
         sys.stdout.flush()
-        await asyncio.Event().wait()
+        stop = asyncio.Event()
+        # Ctrl-C, and SIGINT from a script too (a shell starts background jobs with
+        # SIGINT ignored; asyncio's own Ctrl-C handling would then never fire).
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+        await stop.wait()
     finally:
         await asyncio.shield(standing.close())
 
