@@ -76,16 +76,20 @@ def deployment(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
 
 
 def _agent_pids(workdir: Path) -> list[int]:
-    """Processes running an agent of this deployment (its instances' directories)."""
+    """Processes of this deployment: its agents (their environment names the work
+    directory) and its gateway (its command line does)."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             environ = (entry / "environ").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if str(workdir).encode() in environ and b"SHADOWPOD_" in environ:
+        agent = str(workdir).encode() in environ and b"SHADOWPOD_" in environ
+        gateway = b"gateway" in cmdline and str(workdir).encode() in cmdline
+        if agent or gateway:
             pids.append(int(entry.name))
     return pids
 
@@ -179,3 +183,21 @@ def test_up_refuses_a_used_workdir(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "is not empty" in result.stderr
     assert os.listdir(tmp_path) == ["old.txt"]
+
+
+def test_a_killed_up_is_said_so_by_migrate_and_up(
+    deployment: tuple[Path, subprocess.Popen[str]],
+) -> None:
+    workdir, process = deployment
+    process.kill()  # SIGKILL: no clean-up, its files stay ...
+    process.wait()
+    deadline = time.monotonic() + 10
+    while _agent_pids(workdir):  # ... but its children die with it
+        assert time.monotonic() < deadline, "agents outlived a killed shadowpod up"
+        time.sleep(0.1)
+    moved = shadowpod("migrate", "--workdir", str(workdir), "--to", "refagent:v2")
+    assert moved.returncode == 2
+    assert "does not answer" in moved.stderr and "is `shadowpod up` still running?" in moved.stderr
+    again = shadowpod("up", "--workdir", str(workdir))
+    assert again.returncode == 2
+    assert "whose `shadowpod up` was killed" in again.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -114,9 +115,15 @@ async def _up(workdir: Path, images: ImageMap, image: str, session: str, port: i
 
 def _fresh(workdir: Path) -> None:
     if deployment_file(workdir).exists():
+        if _running(deployment_file(workdir)):
+            fail(
+                f"a deployment runs in {workdir} already (see `shadowpod status --workdir "
+                f"{workdir}`): stop it first, or give another directory",
+                2,
+            )
         fail(
-            f"a deployment runs in {workdir} already (see `shadowpod status --workdir "
-            f"{workdir}`): stop it first, or give another directory",
+            f"{workdir} holds a deployment whose `shadowpod up` was killed: give a new "
+            "directory, or remove this one (its journal and logs are there)",
             2,
         )
     try:
@@ -130,6 +137,15 @@ def _fresh(workdir: Path) -> None:
             "or empty directory, or remove this one",
             2,
         )
+
+
+def _running(facts_file: Path) -> bool:
+    try:
+        pid = int(json.loads(facts_file.read_text())["pid"])
+        os.kill(pid, 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
 
 
 @click.command("migrate")

@@ -65,7 +65,7 @@ class StandingClient:
             raise DeploymentUnreachable(
                 f"the deployment in {self.workdir} (pid {self.facts.get('pid')}) does not "
                 f"answer ({str(exc) or type(exc).__name__}): is `shadowpod up` still running? "
-                f"start it again with `shadowpod up --workdir DIR` in a new directory"
+                "if it was killed, start one with `shadowpod up --workdir DIR` in a new directory"
             ) from exc
         if status >= 400:
             raise DeploymentRefused(str(answer.get("reason")), str(answer.get("message")))
