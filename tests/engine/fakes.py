@@ -374,10 +374,12 @@ class FakeValidator:
         return after_seq
 
     async def completed_turns(
-        self, session: str, *, instance: str, after_seq: int
+        self, session: str, *, instance: str, after_seq: int, up_to: int | None = None
     ) -> tuple[int, int]:
         turns = max(0, self.session.head - after_seq)
-        return turns, self.session.head if turns else after_seq
+        if up_to is not None:
+            turns = min(turns, up_to)
+        return turns, after_seq + turns
 
     async def compare(
         self,

@@ -93,7 +93,7 @@ class ShadowValidator:
     # --- the engine's Validator port --------------------------------------------------
 
     async def completed_turns(
-        self, session: str, *, instance: str, after_seq: int
+        self, session: str, *, instance: str, after_seq: int, up_to: int | None = None
     ) -> tuple[int, int]:
         count, last, cursor = 0, after_seq, after_seq
         while True:
@@ -102,10 +102,11 @@ class ShadowValidator:
                 turn = entry.payload.get("turn")
                 if entry.kind == "ack" and isinstance(turn, int) and turn > after_seq:
                     count, last = count + 1, entry.seq
+                    if count == up_to:
+                        return count, last
             if not entries or entries[-1].seq >= head:
-                break
+                return count, last
             cursor = entries[-1].seq
-        return count, last
 
     async def open_window(self, session: str, *, instance: str, after_seq: int) -> int:
         base_url = await self.address_of(instance)

@@ -553,8 +553,10 @@ class MigrationEngine:
         while True:
             await self._alive(spec.target.name, "shadow")
             await self._alive(spec.source.name, "source")
+            # The policy's number of turns, judged: more that came meanwhile are not
+            # waited for nor judged (each costs the judge time after the window).
             count, to_seq = await validator.completed_turns(
-                spec.session, instance=spec.target.name, after_seq=after
+                spec.session, instance=spec.target.name, after_seq=after, up_to=policy.turns
             )
             if count >= policy.turns or self._clock() > waiting_since + policy.timeout_s:
                 break

@@ -266,10 +266,11 @@ class Validator(Protocol):
         ...
 
     async def completed_turns(
-        self, session: str, *, instance: str, after_seq: int
+        self, session: str, *, instance: str, after_seq: int, up_to: int | None = None
     ) -> tuple[int, int]:
-        """How many turns whose inbound came after ``after_seq`` the owner finished,
-        and the seq of the last one's ack (``after_seq`` when none)."""
+        """How many turns whose inbound came after ``after_seq`` the owner finished
+        (counting at most ``up_to``), and the seq of the last one counted's ack
+        (``after_seq`` when none)."""
         ...
 
     async def compare(
