@@ -108,10 +108,14 @@ class ShadowValidator:
                 return count, last
             cursor = entries[-1].seq
 
-    async def open_window(self, session: str, *, instance: str, after_seq: int) -> int:
+    async def open_window(
+        self, session: str, *, instance: str, after_seq: int, turns: int | None = None
+    ) -> int:
         base_url = await self.address_of(instance)
         try:
-            return await open_compare_window(self.http, base_url, after_seq, timeout=WINDOW_TIMEOUT)
+            return await open_compare_window(
+                self.http, base_url, after_seq, turns=turns, timeout=WINDOW_TIMEOUT
+            )
         except AgentAPIError as exc:
             raise ValidationUnavailable(
                 f"the shadow {instance!r} cannot open a compare window: {exc}"

@@ -523,8 +523,12 @@ class MigrationEngine:
         asked = record.validation_from
         if asked is None:
             asked = await self.control.head(spec.session)
+        policy = spec.policy.validation
         opened = await validator.open_window(
-            spec.session, instance=spec.target.name, after_seq=asked
+            spec.session,
+            instance=spec.target.name,
+            after_seq=asked,
+            turns=None if policy is None else policy.turns,
         )
         if opened == record.validation_from:
             return record
