@@ -22,6 +22,7 @@ from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.engine.ports import (
     Checkpoint,
     CheckpointRestoreUnsupported,
+    CompareWindowLost,
     FenceOutcome,
     FencePause,
     FenceTimedOut,
@@ -34,6 +35,7 @@ from shadowpod.engine.ports import (
     RuntimeUnavailable,
 )
 from shadowpod.engine.record import MigrationRecord, ValidationSummary
+from shadowpod.gates.persona import PersonaCheck, PersonaPolicy, Stage
 from shadowpod.gates.policy import GatePolicy
 from shadowpod.journal.errors import EpochConflict
 
@@ -344,10 +346,15 @@ class FakeValidator:
     compares: list[tuple[int, int]] = field(default_factory=list)
     failing_goldens: set[str] = field(default_factory=set)
     replayed: list[str] = field(default_factory=list)
+    asked: set[str] = field(default_factory=set)  # the instances asked to answer
+    windows: list[int] = field(default_factory=list)  # where each window was opened
+    loses_window: int = 0  # the shadow restarts mid-window this many times
+    drifts: bool = False  # the target answers the persona probe as another agent
 
     async def replay_golden(
-        self, golden: str, image: str, *, gate: GatePolicy
+        self, golden: str, image: str, *, instance: str, gate: GatePolicy
     ) -> ValidationSummary:
+        self.asked.add(instance)
         self.replayed.append(golden)
         passed = golden not in self.failing_goldens
         return ValidationSummary(
@@ -361,13 +368,35 @@ class FakeValidator:
             message=f"{image} on {golden}: {'passed' if passed else 'FAILED'}",
         )
 
-    async def completed_turns(self, session: str, *, after_seq: int) -> tuple[int, int]:
+    async def open_window(
+        self, session: str, *, instance: str, after_seq: int, turns: int | None = None
+    ) -> int:
+        self.asked.add(instance)
+        self.windows.append(after_seq)
+        return after_seq
+
+    async def completed_turns(
+        self, session: str, *, instance: str, after_seq: int, up_to: int | None = None
+    ) -> tuple[int, int]:
         turns = max(0, self.session.head - after_seq)
-        return turns, self.session.head if turns else after_seq
+        if up_to is not None:
+            turns = min(turns, up_to)
+        return turns, after_seq + turns
 
     async def compare(
-        self, session: str, image: str, *, after_seq: int, to_seq: int, gate: GatePolicy
+        self,
+        session: str,
+        image: str,
+        *,
+        instance: str,
+        after_seq: int,
+        to_seq: int,
+        gate: GatePolicy,
     ) -> ValidationSummary:
+        self.asked.add(instance)
+        if self.loses_window:
+            self.loses_window -= 1
+            raise CompareWindowLost(f"no compare window from seq {after_seq} (restarted)")
         self.compares.append((after_seq, to_seq))
         compared = to_seq - after_seq
         agreed = compared if self.agrees else compared // 2
@@ -385,3 +414,28 @@ class FakeValidator:
             worst=[] if self.agrees else [f"turn {to_seq}: forgot the name"],
             message=f"{image}: {agreed}/{compared} agree",
         )
+
+    async def persona(
+        self,
+        policy: PersonaPolicy,
+        *,
+        stage: Stage,
+        instance: str,
+        source: str,
+        baseline: str | None = None,
+    ) -> PersonaCheck:
+        self.asked.add(instance)
+        said = "I am someone else" if self.drifts else "I am the agent"
+        return PersonaCheck(
+            stage=stage,
+            instance=instance,
+            probe=policy.probe,
+            baseline=baseline or "I am the agent",
+            reply=said,
+            score=0.0 if self.drifts else 1.0,
+            drifted=self.drifts,
+            reason="fake",
+        )
+
+    async def reanchor(self, instance: str) -> None:
+        self.drifts = False

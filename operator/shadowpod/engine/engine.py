@@ -28,9 +28,11 @@ from typing import Any, Final, TypeVar
 
 from shadowpod.domain.errors import SchemaTooNew, ShadowpodError
 from shadowpod.engine.fence_checks import bumped_to_target, fence_found, lift_stale_fence
+from shadowpod.engine.persona import check_persona, persona_checked
 from shadowpod.engine.ports import (
     Checkpointer,
     CheckpointRestoreUnsupported,
+    CompareWindowLost,
     FenceOutcomeUnknown,
     FencePause,
     FenceTimedOut,
@@ -40,6 +42,7 @@ from shadowpod.engine.ports import (
     Runtime,
     SessionControl,
     Unavailable,
+    ValidationUnavailable,
     Validator,
 )
 from shadowpod.engine.record import (
@@ -55,6 +58,8 @@ POLL_S: Final = 0.01
 # Polls back off to this: a phase that takes a second (a process starting) is not
 # asked a hundred times, while one that takes milliseconds is seen at once.
 MAX_POLL_S: Final = 0.05
+# A shadow that loses its compare window (restarted) gets a new one this many times.
+MAX_WINDOW_REOPENS: Final = 2
 Clock = Callable[[], float]
 
 
@@ -451,7 +456,9 @@ class MigrationEngine:
             record=record,
         )
         # Validated once: a fence retry comes back through CatchingUp.
-        validate = spec.policy.validation is not None and record.validation is None
+        validate = (spec.policy.validation is not None and record.validation is None) or (
+            spec.policy.persona is not None and not persona_checked(record, "restore")
+        )
         return self._enter(
             record,
             Phase.VALIDATING if validate else Phase.FENCING,
@@ -460,18 +467,28 @@ class MigrationEngine:
         )
 
     async def _validating(self, record: MigrationRecord) -> MigrationRecord:
-        """Shadow compare: wait for the policy's number of live turns (or its time),
-        have the target answer them in a sandbox, judge; fence, or roll back with
-        ``ValidationFailed`` — the source serving all along, the session untouched."""
+        """Shadow compare: golden sessions first; then a compare window opened on the
+        shadow, which answers every live turn after it in its sandbox as it follows;
+        wait for the policy's number of turns (or its time) and judge the shadow's
+        answers; fence, or roll back with ``ValidationFailed`` — the source serving
+        all along, the session untouched."""
         spec = record.spec
-        policy = spec.policy.validation
-        assert policy is not None
         if self.validator is None:
             raise StepFailed("this engine's runtime cannot validate (no validator given)")
         validator = self.validator
+        if spec.policy.persona is not None and not persona_checked(record, "restore"):
+            record, drift = await check_persona(validator, record, "restore")
+            await self.records.save(record)
+            if drift is not None:
+                return self._failed(record, drift)
+        policy = spec.policy.validation
+        if policy is None:
+            return self._enter(record, Phase.FENCING)
         if policy.goldens and not record.golden_validations:
             verdicts = [
-                await validator.replay_golden(golden, spec.target.image, gate=policy.gate)
+                await validator.replay_golden(
+                    golden, spec.target.image, instance=spec.target.name, gate=policy.gate
+                )
                 for golden in policy.goldens
             ]
             record = record.model_copy(update={"golden_validations": verdicts})
@@ -480,20 +497,75 @@ class MigrationEngine:
                 return self._failed(record, ValidationFailed(failed[0].message))
         if policy.turns == 0:
             return self._enter(record, Phase.FENCING)
-        if record.validation_from is None:
-            record = record.model_copy(
-                update={"validation_from": await self.control.head(spec.session)}
-            )
-            await self.records.save(record)
+        waiting_since = record.timings[Phase.VALIDATING].started
+        reopened = 0
+        while True:
+            record = await self._open_window(record, validator)
+            try:
+                return await self._compare_window(record, validator, waiting_since)
+            except CompareWindowLost as exc:
+                reopened += 1
+                if reopened > MAX_WINDOW_REOPENS:
+                    raise ValidationUnavailable(
+                        f"the shadow lost its compare window {reopened} times: {exc}"
+                    ) from exc
+                note = f"the shadow lost its compare window ({exc}); opening another"
+                record = record.model_copy(
+                    update={"validation_from": None, "notes": [*record.notes, note]}
+                )
+                await self.records.save(record)
+                waiting_since = self._clock()
+
+    async def _open_window(self, record: MigrationRecord, validator: Validator) -> MigrationRecord:
+        """The window at the journal head, or the one the record already names (a
+        resumed engine): the shadow keeps it, or says where its new one starts."""
+        spec = record.spec
+        asked = record.validation_from
+        if asked is None:
+            asked = await self.control.head(spec.session)
+        policy = spec.policy.validation
+        opened = await validator.open_window(
+            spec.session,
+            instance=spec.target.name,
+            after_seq=asked,
+            turns=None if policy is None else policy.turns,
+        )
+        if opened == record.validation_from:
+            return record
+        notes = record.notes
+        if record.validation_from is not None:
+            notes = [
+                *notes,
+                f"the shadow had no compare window from seq {record.validation_from} "
+                f"(restarted); it compares from seq {opened}",
+            ]
+        record = record.model_copy(update={"validation_from": opened, "notes": notes})
+        await self.records.save(record)
+        return record
+
+    async def _compare_window(
+        self, record: MigrationRecord, validator: Validator, waiting_since: float
+    ) -> MigrationRecord:
+        """Wait for the policy's live turns (or its time), then the verdict on them."""
+        spec = record.spec
+        policy = spec.policy.validation
+        assert policy is not None
         after = record.validation_from
         assert after is not None
-        started = record.timings[Phase.VALIDATING].started
-        delays = self._delays(slowest=0.2)
+        # Polled as fast as other waits: a full window noticed late is migration time.
+        delays = self._delays()
         while True:
-            await self._alive(spec.target.name, "shadow")
-            await self._alive(spec.source.name, "source")
-            count, to_seq = await validator.completed_turns(spec.session, after_seq=after)
-            if count >= policy.turns or self._clock() > started + policy.timeout_s:
+            # Both instances alive, and the turns so far, asked at once: a full window
+            # seen a round trip later is migration time. The policy's number of turns
+            # is judged: more that came meanwhile are not (each costs the judge time).
+            _, _, (count, to_seq) = await asyncio.gather(
+                self._alive(spec.target.name, "shadow"),
+                self._alive(spec.source.name, "source"),
+                validator.completed_turns(
+                    spec.session, instance=spec.target.name, after_seq=after, up_to=policy.turns
+                ),
+            )
+            if count >= policy.turns or self._clock() > waiting_since + policy.timeout_s:
                 break
             if self._overdue(record):
                 raise MaxDurationExceeded(
@@ -502,7 +574,12 @@ class MigrationEngine:
                 )
             await asyncio.sleep(next(delays))
         summary = await validator.compare(
-            spec.session, spec.target.image, after_seq=after, to_seq=to_seq, gate=policy.gate
+            spec.session,
+            spec.target.image,
+            instance=spec.target.name,
+            after_seq=after,
+            to_seq=to_seq,
+            gate=policy.gate,
         )
         record = record.model_copy(update={"validation": summary})
         if not summary.passed:  # the verdict stays in the record that rolls back
@@ -572,7 +649,7 @@ class MigrationEngine:
                     f"the new owner {spec.target.name!r} did not take over epoch {epoch}: {how}"
                 )
             if status.alive and status.serving and status.epoch == epoch:
-                return self._enter(record, Phase.DRAINING)
+                return self._enter(await self._promoted_persona(record), Phase.DRAINING)
             if not status.alive:
                 # The normal recovery path: a new instance from the latest snapshot.
                 await self.runtime.start(
@@ -594,6 +671,22 @@ class MigrationEngine:
             if self._clock() > deadline:
                 raise PhaseTimedOut(f"the new owner did not take over epoch {epoch} in time")
             await asyncio.sleep(next(delays))
+
+    async def _promoted_persona(self, record: MigrationRecord) -> MigrationRecord:
+        """The new owner's persona probe, when the policy asks: kept in the record;
+        after the fence nothing it finds (nor its failing) undoes the migration."""
+        if (
+            record.spec.policy.persona is None
+            or self.validator is None
+            or persona_checked(record, "promotion")
+        ):
+            return record
+        try:
+            record, _ = await check_persona(self.validator, record, "promotion")
+        except (ShadowpodError, OSError, TimeoutError) as exc:
+            note = f"the new owner's persona probe could not be made: {exc}"
+            return record.model_copy(update={"notes": [*record.notes, note]})
+        return record
 
     async def _draining(self, record: MigrationRecord) -> MigrationRecord:
         spec, policy = record.spec, record.spec.policy

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.domain.ownership import Ownership
 from shadowpod.engine.record import MigrationRecord, ValidationSummary
+from shadowpod.gates.persona import PersonaCheck, PersonaPolicy, Stage
 from shadowpod.gates.policy import GatePolicy
 
 
@@ -133,6 +134,21 @@ class FenceOutcomeUnknown(ShadowpodError):
     reason = "FenceOutcomeUnknown"
 
 
+class ValidationUnavailable(ShadowpodError):
+    """The comparison could not be made (the judge's model or endpoint, a golden that
+    cannot be read, a shadow whose agent API does not answer): the migration rolls
+    back saying so, it does not guess."""
+
+    reason = "ValidationUnavailable"
+
+
+class CompareWindowLost(ValidationUnavailable):
+    """The shadow has no compare window from that seq any more (it was restarted):
+    its answers to the window's turns are gone. Open another window."""
+
+    reason = "CompareWindowLost"
+
+
 class CheckpointRestoreUnsupported(ShadowpodError):
     """This runtime cannot checkpoint or restore an agent process (no CRIU here, or a
     CRIU that cannot); the app-level state path can still move the session."""
@@ -234,22 +250,67 @@ class RecordStore(Protocol):
 
 
 class Validator(Protocol):
-    """Shadow compare: judges an image's answers to a session's live turns."""
+    """Shadow compare: judges the shadow's answers to a session's live turns.
 
-    async def completed_turns(self, session: str, *, after_seq: int) -> tuple[int, int]:
-        """How many turns whose inbound came after ``after_seq`` the owner finished,
-        and the seq of the last one's ack (``after_seq`` when none)."""
+    ``instance`` is the shadow's instance name: the validator asks that instance (its
+    agent API) to answer in its sandbox. Raises ``ValidationUnavailable`` when a
+    comparison cannot be made.
+    """
+
+    async def open_window(
+        self, session: str, *, instance: str, after_seq: int, turns: int | None = None
+    ) -> int:
+        """Have the shadow answer, in its sandbox, the live turns whose inbound comes
+        after ``after_seq`` (the first ``turns`` of them) as it follows the journal.
+        Returns where the window starts: ``after_seq``, or later when the shadow
+        already followed past it (a shadow restarted since the window was first
+        opened). Asked again with the same seq, the open window is kept."""
+        ...
+
+    async def completed_turns(
+        self, session: str, *, instance: str, after_seq: int, up_to: int | None = None
+    ) -> tuple[int, int]:
+        """How many turns whose inbound came after ``after_seq`` the owner finished
+        (counting at most ``up_to``), and the seq of the last one counted's ack
+        (``after_seq`` when none)."""
         ...
 
     async def compare(
-        self, session: str, image: str, *, after_seq: int, to_seq: int, gate: GatePolicy
+        self,
+        session: str,
+        image: str,
+        *,
+        instance: str,
+        after_seq: int,
+        to_seq: int,
+        gate: GatePolicy,
     ) -> ValidationSummary:
-        """``image`` answers those turns in a sandbox, from the state each started
-        from; the gate's judge compares its answers with the owner's."""
+        """The shadow's answers (of ``image``) to the window's turns acked at or below
+        ``to_seq``, judged against the owner's; ``CompareWindowLost`` when the shadow
+        has lost the window opened ``after_seq``."""
         ...
 
     async def replay_golden(
-        self, golden: str, image: str, *, gate: GatePolicy
+        self, golden: str, image: str, *, instance: str, gate: GatePolicy
     ) -> ValidationSummary:
-        """``image`` answers a golden session in a sandbox; the gate's judge compares."""
+        """The shadow answers a golden session in a sandbox; the gate's judge compares."""
+        ...
+
+    async def persona(
+        self,
+        policy: PersonaPolicy,
+        *,
+        stage: Stage,
+        instance: str,
+        source: str,
+        baseline: str | None = None,
+    ) -> PersonaCheck:
+        """Probe ``instance`` with ``policy.probe`` in its sandbox and judge its answer
+        against ``baseline``, or, when there is none yet, against the answer of
+        ``source`` (probed the same way)."""
+        ...
+
+    async def reanchor(self, instance: str) -> None:
+        """Have ``instance`` call its agent's re-anchor hook with the session's
+        identity; ``ValidationUnavailable`` when it has none."""
         ...

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from shadowpod.agent.identity import SessionIdentity
 from shadowpod.api.models import CreateSession, CredentialSpec, ScheduleSpec
 from shadowpod.client.control import GatewayControl
 from shadowpod.client.gateway import GatewayClient
@@ -26,7 +27,7 @@ from shadowpod.local.gateway_process import GatewayProcess
 from shadowpod.local.images import ImageMap
 from shadowpod.local.records import FileRecordStore
 from shadowpod.local.runtime import LocalRuntime
-from shadowpod.local.validation import LocalValidator
+from shadowpod.local.validation import local_validator
 
 
 class LocalDeployment:
@@ -59,12 +60,13 @@ class LocalDeployment:
         self.records = FileRecordStore(workdir / "migrations")
         self.admin = GatewayClient(self.gateway.url, self.gateway.control_token)
         self.control = GatewayControl(self.admin)
+        self.validator = local_validator(self.admin, self.runtime)
         self.engine = MigrationEngine(
             self.runtime,
             self.control,
             self.records,
             checkpointer=self.checkpointer,
-            validator=LocalValidator(self.admin, images),
+            validator=self.validator,
         )
         self._names = itertools.count(1)
 
@@ -76,6 +78,7 @@ class LocalDeployment:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.runtime.close()
+        await self.validator.close()
         await self.admin.close()
         await self.gateway.stop()
 
@@ -98,8 +101,10 @@ class LocalDeployment:
         instance: str,
         credentials: Sequence[str] = (),
         schedules: Sequence[ScheduleSpec] = (),
+        identity: SessionIdentity | None = None,
     ) -> str:
-        """Create ``session`` and start its first owner (epoch 1). Returns the agent token."""
+        """Create ``session`` and start its first owner (epoch 1). Returns the agent
+        token. ``identity``: who the agent is (its name and principles), as files."""
         created, _ = await start_session(
             self.admin,
             CreateSession(
@@ -114,7 +119,7 @@ class LocalDeployment:
         )
         if created.agent_token is None:  # only a caller that sent a token hash gets none
             raise RuntimeError("the gateway returned no agent token for a session it made")
-        self.runtime.register_session(session, created.agent_token)
+        self.runtime.register_session(session, created.agent_token, identity)
         await self.runtime.start(
             InstanceSpec(
                 name=instance, image=image, session=session, mode="owner", epoch=FIRST_EPOCH
