@@ -39,6 +39,17 @@ from shadowpod.kube.models.v1alpha1.session import (
     SessionCondition,
     SessionPhase,
 )
+from shadowpod.kube.models.v1alpha1.validation import (
+    Disagreement,
+    GatePolicy,
+    GoldenReference,
+    GoldenVerdict,
+    Judge,
+    LLMJudgeEndpoint,
+    SecretKeyReference,
+    ValidationPolicy,
+    ValidationStatus,
+)
 from shadowpod.kube.models.v1alpha1.version import API_VERSION, GROUP, VERSION
 
 # Every kind of this version, in the order ``shadowpod crds`` writes them.
@@ -58,14 +69,20 @@ __all__ = [
     "CheckpointPolicy",
     "ClaimMemory",
     "Credential",
+    "Disagreement",
     "EmptyDirMemory",
     "EvictionStrategy",
     "FenceStatus",
+    "GatePolicy",
+    "GoldenReference",
+    "GoldenVerdict",
     "Identity",
     "InstanceStatus",
     "JournalRetention",
     "JournalRetentionPolicy",
     "JournalStatus",
+    "Judge",
+    "LLMJudgeEndpoint",
     "MemoryVolume",
     "MigrationCondition",
     "MigrationPolicy",
@@ -75,9 +92,12 @@ __all__ = [
     "MigrationTarget",
     "PhaseTiming",
     "Schedule",
+    "SecretKeyReference",
     "SecretReference",
     "SessionCondition",
     "SessionPhase",
     "SessionReference",
     "SnapshotStatus",
+    "ValidationPolicy",
+    "ValidationStatus",
 ]

@@ -29,6 +29,7 @@ from shadowpod.kube.models.conditions import Condition, one_per_type
 from shadowpod.kube.models.core import ObjectName
 from shadowpod.kube.models.resource import AGE, CustomResource, PrinterColumn, ResourceDefinition
 from shadowpod.kube.models.v1alpha1.policy import MigrationPolicy, MigrationStrategy
+from shadowpod.kube.models.v1alpha1.validation import ValidationPolicy, ValidationStatus
 from shadowpod.kube.models.v1alpha1.version import API_VERSION, CATEGORIES, GROUP, VERSION
 
 # The phases a migration ends in, in the engine's order, for CEL's list literals.
@@ -111,6 +112,7 @@ class AgentMigrationSpec(KubeModel):
                 field_path=".strategy",
             ),
             _immutable_optional("strategy"),
+            _immutable_optional("validation"),
         )
     )
 
@@ -124,6 +126,11 @@ class AgentMigrationSpec(KubeModel):
     )
     strategy: MigrationStrategy | None = Field(
         default=None, description="Auto, State or CRIU; unset takes the session's policy."
+    )
+    validation: ValidationPolicy | None = Field(
+        default=None,
+        description="The upgrade gate for this migration; unset takes the session's"
+        " (spec.migration.validation), which only a change of image runs.",
     )
 
 
@@ -216,6 +223,9 @@ class AgentMigrationStatus(KubeModel):
         description="Per-phase timings, in the order the phases were entered.",
     )
     snapshot: SnapshotStatus | None = None
+    validation: ValidationStatus | None = Field(
+        default=None, description="The upgrade gate's verdict, when the migration ran one."
+    )
     fence_attempts: Count = 0
     fence: FenceStatus | None = None
     fence_pause_milliseconds: Int64 | None = Field(
