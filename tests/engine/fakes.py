@@ -344,10 +344,12 @@ class FakeValidator:
     compares: list[tuple[int, int]] = field(default_factory=list)
     failing_goldens: set[str] = field(default_factory=set)
     replayed: list[str] = field(default_factory=list)
+    asked: set[str] = field(default_factory=set)  # the instances asked to answer
 
     async def replay_golden(
-        self, golden: str, image: str, *, gate: GatePolicy
+        self, golden: str, image: str, *, instance: str, gate: GatePolicy
     ) -> ValidationSummary:
+        self.asked.add(instance)
         self.replayed.append(golden)
         passed = golden not in self.failing_goldens
         return ValidationSummary(
@@ -361,13 +363,23 @@ class FakeValidator:
             message=f"{image} on {golden}: {'passed' if passed else 'FAILED'}",
         )
 
-    async def completed_turns(self, session: str, *, after_seq: int) -> tuple[int, int]:
+    async def completed_turns(
+        self, session: str, *, instance: str, after_seq: int
+    ) -> tuple[int, int]:
         turns = max(0, self.session.head - after_seq)
         return turns, self.session.head if turns else after_seq
 
     async def compare(
-        self, session: str, image: str, *, after_seq: int, to_seq: int, gate: GatePolicy
+        self,
+        session: str,
+        image: str,
+        *,
+        instance: str,
+        after_seq: int,
+        to_seq: int,
+        gate: GatePolicy,
     ) -> ValidationSummary:
+        self.asked.add(instance)
         self.compares.append((after_seq, to_seq))
         compared = to_seq - after_seq
         agreed = compared if self.agrees else compared // 2

@@ -58,6 +58,7 @@ async def test_a_version_that_agrees_is_validated_then_fenced(world: GatedWorld)
     assert record.validation is not None and record.validation.passed
     assert record.validation.compared >= 5
     assert world.validator is not None and len(world.validator.compares) == 1
+    assert world.validator.asked == {TARGET}  # the shadow answers, nobody else
 
 
 async def test_a_version_that_disagrees_rolls_back_before_any_fence(world: GatedWorld) -> None:

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from shadowpod.client.goldens import record_golden
 from shadowpod.local.deployment import LocalDeployment
-from shadowpod.local.golden import record_golden
 from shadowpod.local.images import reference_images
 from tests.agent.support import post, read_journal, wait_answered
 

@@ -9,7 +9,10 @@ The handler runs with the same ``Turn`` API as an owner's, through the owner's o
   does not have is refused, and so is a background process: no side effect leaves
   the sandbox. A refusal reaches the handler as the tool's failure.
 
-An agent process runs a golden file in the sandbox when ``SHADOWPOD_SANDBOX_GOLDEN``
+A running instance answers a golden file in its sandbox on request
+(``POST /v1/sandbox/replay``, ``shadowpod.agent.server``): an upgrade gate asks the
+shadow itself. Offline (``shadowpod golden replay --image``), an agent process runs a
+golden file in the sandbox when ``SHADOWPOD_SANDBOX_GOLDEN``
 names one: it answers every turn of it and writes a ``SandboxReport`` (JSON) to
 ``SHADOWPOD_SANDBOX_REPORT``, then exits (0; 2 when it cannot read or write them).
 What the handler does itself (a model call, say) is its own business: that is what
@@ -24,6 +27,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 from pydantic import JsonValue
 
@@ -46,6 +50,7 @@ from shadowpod.gates.replay import (
 )
 
 SANDBOX_INSTANCE = "sandbox"
+MAX_GOLDEN_BYTES: Final = 64 * 1024 * 1024  # the largest golden file an instance replays
 
 
 class SideEffectRefused(Exception):

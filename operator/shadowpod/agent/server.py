@@ -1,5 +1,6 @@
 """The agent's own HTTP endpoints: health, readiness, status, state, snapshot and
-checkpoint on request."""
+checkpoint on request, and the sandbox upgrade gates ask this instance to answer in
+(``POST /v1/sandbox/replay``, see docs/upgrade-gates.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from shadowpod.agent.runtime import AgentRuntime, CheckpointRefused
+from shadowpod.agent.sandbox import MAX_GOLDEN_BYTES, replay_golden
 from shadowpod.api.agent import (
     AgentStatus,
     CatchUpReport,
@@ -20,8 +22,12 @@ from shadowpod.api.agent import (
     PromotionReport,
 )
 from shadowpod.domain.schema import dump_state
+from shadowpod.gates.golden import GoldenFile, GoldenInvalid
 
 RUNTIME = web.AppKey("runtime", AgentRuntime)
+# One sandbox run at a time in this process: a gate's replay must not crowd the turns
+# this instance serves, nor another replay.
+SANDBOX_LOCK = web.AppKey("sandbox_lock", asyncio.Lock)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -139,9 +145,45 @@ async def checkpoint(request: web.Request) -> web.Response:
     return _json(report.model_dump(mode="json"), 201)
 
 
+def _error(error: str, message: str, status: int) -> web.Response:
+    return _json({"error": error, "reason": error, "message": message}, status)
+
+
+async def sandbox_replay(request: web.Request) -> web.Response:
+    """Answer a golden file (its JSON Lines as the body) in the sandbox, from the
+    golden's own base state: this instance's state and journal are not touched."""
+    if request.content_length is not None and request.content_length > MAX_GOLDEN_BYTES:
+        return _too_large(request.content_length)
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        return _too_large(None)
+    try:
+        golden = GoldenFile.loads(body.decode("utf-8", errors="replace"), name="the request body")
+    except GoldenInvalid as exc:
+        hint = "send a golden file as `shadowpod golden record` writes it"
+        return _error("GoldenInvalid", f"{exc}; {hint}", 400)
+    runtime = request.app[RUNTIME]
+    async with request.app[SANDBOX_LOCK]:
+        report = await replay_golden(runtime.agent, golden)
+    return _json(report.model_dump(mode="json"))
+
+
+def _too_large(size: int | None) -> web.Response:
+    sent = f"{size} bytes" if size is not None else "more"
+    return _error(
+        "GoldenTooLarge",
+        f"a golden file of at most {MAX_GOLDEN_BYTES} bytes is replayed here, not {sent}: "
+        "record a shorter slice (--from/--to)",
+        413,
+    )
+
+
 def make_status_app(runtime: AgentRuntime) -> web.Application:
-    app = web.Application()
+    # The body limit is the sandbox's: every other request is small.
+    app = web.Application(client_max_size=MAX_GOLDEN_BYTES)
     app[RUNTIME] = runtime
+    app[SANDBOX_LOCK] = asyncio.Lock()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/v1/status", status)
@@ -149,4 +191,5 @@ def make_status_app(runtime: AgentRuntime) -> web.Application:
     app.router.add_get("/v1/promotion", promotion)
     app.router.add_post("/v1/snapshot", snapshot)
     app.router.add_post("/v1/checkpoint", checkpoint)
+    app.router.add_post("/v1/sandbox/replay", sandbox_replay)
     return app

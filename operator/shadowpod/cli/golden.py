@@ -18,6 +18,7 @@ from rich.table import Table
 from shadowpod import eventloop
 from shadowpod.cli.errors import fail
 from shadowpod.client.gateway import GatewayClient
+from shadowpod.client.goldens import record_golden
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.gates.gate import build_judge, chat_model, evaluate
 from shadowpod.gates.golden import GoldenFile
@@ -27,7 +28,7 @@ from shadowpod.gates.policy import GatePolicy
 from shadowpod.gates.replay import SandboxReport, pairs_of
 from shadowpod.gates.semantic import SemanticUnavailable
 from shadowpod.gates.verdicts import GateVerdict
-from shadowpod.local.golden import record_golden, replay_in_sandbox
+from shadowpod.local.golden import replay_in_sandbox
 from shadowpod.local.images import ImageMap, reference_images
 
 

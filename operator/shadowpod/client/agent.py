@@ -1,16 +1,20 @@
-"""Reading an agent instance's own endpoint: its ``/v1/status`` as the engine's
-``InstanceStatus``. Shared by the runtimes that run instances (local processes, pods).
+"""Calling an agent instance's own endpoints: its ``/v1/status`` as the engine's
+``InstanceStatus`` (shared by the runtimes that run instances: local processes, pods),
+and its sandbox, where upgrade gates have it answer turns it will never own.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import aiohttp
+import orjson
 from pydantic import ValidationError
 
 from shadowpod.api.agent import AgentStatus
+from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.ports import InstanceStatus
+from shadowpod.gates.replay import SandboxReport
 
 STATUS_TIMEOUT: Final = aiohttp.ClientTimeout(total=1.0)
 
@@ -46,3 +50,72 @@ def instance_status(name: str, status: AgentStatus | None) -> InstanceStatus:
         serving=status.serving,
         error=status.error,
     )
+
+
+# --- the sandbox: upgrade gates ask an instance to answer in it -----------------------
+
+SANDBOX_TIMEOUT: Final = aiohttp.ClientTimeout(total=300.0)
+NDJSON: Final = "application/x-ndjson"
+
+
+class AgentAPIError(ShadowpodError):
+    """An instance's agent API refused a request (``error`` is its one-word reason,
+    ``status`` the HTTP status), or could not be reached (``status`` 0)."""
+
+    reason = "AgentAPIError"
+
+    def __init__(self, message: str, *, status: int = 0, error: str = "Unreachable") -> None:
+        super().__init__(message)
+        self.status = status
+        self.error = error
+
+
+async def _answer(
+    http: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    timeout: aiohttp.ClientTimeout,
+    **kwargs: Any,
+) -> bytes:
+    try:
+        async with http.request(method, url, timeout=timeout, **kwargs) as response:
+            body = await response.read()
+            if response.status >= 400:
+                try:
+                    doc = orjson.loads(body)
+                except orjson.JSONDecodeError:
+                    doc = {}
+                doc = doc if isinstance(doc, dict) else {}
+                error = str(doc.get("error") or doc.get("reason") or f"HTTP{response.status}")
+                said = str(doc.get("message") or body[:200].decode(errors="replace"))
+                raise AgentAPIError(
+                    f"{url} answered {response.status} {error}: {said}",
+                    status=response.status,
+                    error=error,
+                )
+            return body
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise AgentAPIError(f"{url} cannot be reached: {type(exc).__name__}: {exc}") from exc
+
+
+async def sandbox_replay(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    golden_text: str,
+    *,
+    timeout: aiohttp.ClientTimeout = SANDBOX_TIMEOUT,
+) -> SandboxReport:
+    """The instance answers a golden file (its JSON Lines text) in its sandbox."""
+    body = await _answer(
+        http,
+        "POST",
+        f"{base_url}/v1/sandbox/replay",
+        timeout=timeout,
+        data=golden_text.encode(),
+        headers={"Content-Type": NDJSON},
+    )
+    try:
+        return SandboxReport.model_validate_json(body)
+    except ValidationError as exc:
+        raise AgentAPIError(f"{base_url} answered with no sandbox report: {exc}") from exc

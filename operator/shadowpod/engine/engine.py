@@ -471,7 +471,9 @@ class MigrationEngine:
         validator = self.validator
         if policy.goldens and not record.golden_validations:
             verdicts = [
-                await validator.replay_golden(golden, spec.target.image, gate=policy.gate)
+                await validator.replay_golden(
+                    golden, spec.target.image, instance=spec.target.name, gate=policy.gate
+                )
                 for golden in policy.goldens
             ]
             record = record.model_copy(update={"golden_validations": verdicts})
@@ -492,7 +494,9 @@ class MigrationEngine:
         while True:
             await self._alive(spec.target.name, "shadow")
             await self._alive(spec.source.name, "source")
-            count, to_seq = await validator.completed_turns(spec.session, after_seq=after)
+            count, to_seq = await validator.completed_turns(
+                spec.session, instance=spec.target.name, after_seq=after
+            )
             if count >= policy.turns or self._clock() > started + policy.timeout_s:
                 break
             if self._overdue(record):
@@ -502,7 +506,12 @@ class MigrationEngine:
                 )
             await asyncio.sleep(next(delays))
         summary = await validator.compare(
-            spec.session, spec.target.image, after_seq=after, to_seq=to_seq, gate=policy.gate
+            spec.session,
+            spec.target.image,
+            instance=spec.target.name,
+            after_seq=after,
+            to_seq=to_seq,
+            gate=policy.gate,
         )
         record = record.model_copy(update={"validation": summary})
         if not summary.passed:  # the verdict stays in the record that rolls back

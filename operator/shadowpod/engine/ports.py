@@ -133,6 +133,14 @@ class FenceOutcomeUnknown(ShadowpodError):
     reason = "FenceOutcomeUnknown"
 
 
+class ValidationUnavailable(ShadowpodError):
+    """The comparison could not be made (the judge's model or endpoint, a golden that
+    cannot be read, a shadow whose agent API does not answer): the migration rolls
+    back saying so, it does not guess."""
+
+    reason = "ValidationUnavailable"
+
+
 class CheckpointRestoreUnsupported(ShadowpodError):
     """This runtime cannot checkpoint or restore an agent process (no CRIU here, or a
     CRIU that cannot); the app-level state path can still move the session."""
@@ -234,22 +242,36 @@ class RecordStore(Protocol):
 
 
 class Validator(Protocol):
-    """Shadow compare: judges an image's answers to a session's live turns."""
+    """Shadow compare: judges the shadow's answers to a session's live turns.
 
-    async def completed_turns(self, session: str, *, after_seq: int) -> tuple[int, int]:
+    ``instance`` is the shadow's instance name: the validator asks that instance (its
+    agent API) to answer in its sandbox. Raises ``ValidationUnavailable`` when a
+    comparison cannot be made.
+    """
+
+    async def completed_turns(
+        self, session: str, *, instance: str, after_seq: int
+    ) -> tuple[int, int]:
         """How many turns whose inbound came after ``after_seq`` the owner finished,
         and the seq of the last one's ack (``after_seq`` when none)."""
         ...
 
     async def compare(
-        self, session: str, image: str, *, after_seq: int, to_seq: int, gate: GatePolicy
+        self,
+        session: str,
+        image: str,
+        *,
+        instance: str,
+        after_seq: int,
+        to_seq: int,
+        gate: GatePolicy,
     ) -> ValidationSummary:
-        """``image`` answers those turns in a sandbox, from the state each started
-        from; the gate's judge compares its answers with the owner's."""
+        """The shadow (of ``image``) answers those turns in a sandbox, from the state
+        each started from; the gate's judge compares its answers with the owner's."""
         ...
 
     async def replay_golden(
-        self, golden: str, image: str, *, gate: GatePolicy
+        self, golden: str, image: str, *, instance: str, gate: GatePolicy
     ) -> ValidationSummary:
-        """``image`` answers a golden session in a sandbox; the gate's judge compares."""
+        """The shadow answers a golden session in a sandbox; the gate's judge compares."""
         ...

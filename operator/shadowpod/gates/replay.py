@@ -64,11 +64,13 @@ def golden_turns(golden: GoldenFile) -> Iterator[tuple[GoldenTurn, SessionState]
             started.add(turn)
             pending = folder.peek().pending.get(turn)
             if pending is not None and turn >= golden.header.from_seq and turn in whole:
-                yield _golden_turn(pending, outputs.get(turn, [])), folder.view()
+                yield golden_turn(pending, outputs.get(turn, [])), folder.view()
         folder.apply(entry)
 
 
-def _golden_turn(inbound: PendingInbound, outputs: list[JournalEntry]) -> GoldenTurn:
+def golden_turn(inbound: PendingInbound, outputs: list[JournalEntry]) -> GoldenTurn:
+    """A turn to answer again: ``inbound``, what the source answered (its ``outputs``,
+    in journal order) and the tool calls it made, to answer the candidate's from."""
     expected = Answer.of_outputs((e.kind, e.payload) for e in outputs if e.kind != "ack")
     results = {e.payload.get("call_id"): e.payload for e in outputs if e.kind == "tool_result"}
     calls = []

@@ -26,7 +26,7 @@ from shadowpod.local.gateway_process import GatewayProcess
 from shadowpod.local.images import ImageMap
 from shadowpod.local.records import FileRecordStore
 from shadowpod.local.runtime import LocalRuntime
-from shadowpod.local.validation import LocalValidator
+from shadowpod.local.validation import local_validator
 
 
 class LocalDeployment:
@@ -59,12 +59,13 @@ class LocalDeployment:
         self.records = FileRecordStore(workdir / "migrations")
         self.admin = GatewayClient(self.gateway.url, self.gateway.control_token)
         self.control = GatewayControl(self.admin)
+        self.validator = local_validator(self.admin, self.runtime)
         self.engine = MigrationEngine(
             self.runtime,
             self.control,
             self.records,
             checkpointer=self.checkpointer,
-            validator=LocalValidator(self.admin, images),
+            validator=self.validator,
         )
         self._names = itertools.count(1)
 
@@ -76,6 +77,7 @@ class LocalDeployment:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.runtime.close()
+        await self.validator.close()
         await self.admin.close()
         await self.gateway.stop()
 

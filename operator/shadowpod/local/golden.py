@@ -1,5 +1,6 @@
-"""Golden sessions on this machine: recording one from a gateway, and replaying one
-against an agent image of the local image map (its command run in sandbox mode)."""
+"""Golden sessions on this machine: replaying one against an agent image of the local
+image map (its command run in sandbox mode, offline). Recording one is
+``shadowpod.client.goldens``."""
 
 from __future__ import annotations
 
@@ -7,76 +8,17 @@ import asyncio
 import contextlib
 import os
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
 from pydantic import ValidationError
 
-from shadowpod.client.gateway import GatewayClient
-from shadowpod.domain.entries import JournalEntry
-from shadowpod.domain.errors import ShadowpodError
-from shadowpod.domain.reducer import fold
-from shadowpod.domain.schema import load_state_json
-from shadowpod.domain.state import SessionState
-from shadowpod.gates.golden import GoldenFile, cut_golden
+from shadowpod.client.goldens import GoldenError
 from shadowpod.gates.replay import SandboxReport
 from shadowpod.local.images import LocalImage
 
-PAGE: Final = 5000
+__all__ = ["GoldenError", "replay_in_sandbox"]
 SANDBOX_TIMEOUT_S: Final = 300.0
-
-
-class GoldenError(ShadowpodError):
-    """A golden session could not be recorded or replayed; says why and what to do."""
-
-    reason = "GoldenReplayFailed"
-
-
-async def record_golden(
-    client: GatewayClient,
-    session: str,
-    *,
-    from_seq: int = 1,
-    to_seq: int | None = None,
-    secrets: Iterable[str] = (),
-    note: str = "",
-) -> GoldenFile:
-    """Cut ``from_seq``..``to_seq`` of ``session``'s journal, read through the gateway,
-    into a golden file. The state before ``from_seq`` comes from the journal itself,
-    or from the latest snapshot below it where the journal was truncated."""
-    base = SessionState()
-    after = 0
-    if from_seq > 1:
-        document = await client.snapshot_document(session)
-        if document is not None and document.watermark < from_seq:
-            base = load_state_json(document.document_json, schema_version=document.schema_version)
-            after = document.watermark
-    entries: list[JournalEntry] = []
-    while True:
-        page, head = await client.journal(session, after=after, limit=PAGE)
-        if page and page[0].seq != after + 1:
-            raise GoldenError(
-                f"the journal of {session} holds no entries from {after + 1} to "
-                f"{page[0].seq - 1} (truncated by retention): record from seq "
-                f"{page[0].seq} or later (--from)"
-            )
-        entries += page
-        if not page or page[-1].seq >= head or (to_seq is not None and page[-1].seq > to_seq):
-            break
-        after = page[-1].seq
-    before = [e for e in entries if e.seq < from_seq]
-    if before:
-        base = fold(base.working_copy(), before)
-    return cut_golden(
-        base,
-        [e for e in entries if e.seq >= from_seq],
-        session=session,
-        from_seq=from_seq,
-        to_seq=to_seq,
-        secrets=secrets,
-        note=note,
-    )
 
 
 def _sandbox_env(image: LocalImage, golden_path: Path, report_path: Path) -> dict[str, str]:

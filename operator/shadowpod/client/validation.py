@@ -1,0 +1,150 @@
+"""Shadow compare over the agent API: the engine's ``Validator`` for any runtime.
+
+The shadow itself answers, in its sandbox (``POST /v1/sandbox/replay`` on its agent
+API): the same process, the same image and the state it restored, nothing journaled,
+no side effect. The source's answers come from the journal, read through the
+gateway, and the gate's judge compares. No process is started for a comparison.
+
+Where an instance listens (``address_of``) and what a golden reference names
+(``golden_text``: a file path on this machine, a ConfigMap key on a cluster) are the
+runtime's to say.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import aiohttp
+
+from shadowpod.client.agent import AgentAPIError, sandbox_replay
+from shadowpod.client.gateway import GatewayClient
+from shadowpod.client.goldens import record_golden
+from shadowpod.engine.ports import ValidationUnavailable
+from shadowpod.engine.record import ValidationSummary
+from shadowpod.gates.gate import build_judge, chat_model, evaluate
+from shadowpod.gates.golden import GoldenFile, GoldenInvalid
+from shadowpod.gates.llm import JudgeUnavailable
+from shadowpod.gates.policy import GatePolicy
+from shadowpod.gates.replay import SandboxReport, pairs_of
+from shadowpod.gates.semantic import SemanticUnavailable
+
+PAGE: Final = 5000
+WORST: Final = 5
+SHOWN: Final = 160  # characters of each answer kept in the record
+
+AddressOf = Callable[[str], Awaitable[str]]
+GoldenText = Callable[[str], Awaitable[str]]
+
+
+class ShadowValidator:
+    def __init__(
+        self, gateway: GatewayClient, address_of: AddressOf, golden_text: GoldenText
+    ) -> None:
+        self.gateway = gateway
+        self.address_of = address_of
+        self.golden_text = golden_text
+        self._http: aiohttp.ClientSession | None = None
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            self._http = aiohttp.ClientSession()
+        return self._http
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+    # --- the engine's Validator port --------------------------------------------------
+
+    async def completed_turns(
+        self, session: str, *, instance: str, after_seq: int
+    ) -> tuple[int, int]:
+        count, last, cursor = 0, after_seq, after_seq
+        while True:
+            entries, head = await self.gateway.journal(session, after=cursor, limit=PAGE)
+            for entry in entries:
+                turn = entry.payload.get("turn")
+                if entry.kind == "ack" and isinstance(turn, int) and turn > after_seq:
+                    count, last = count + 1, entry.seq
+            if not entries or entries[-1].seq >= head:
+                return count, last
+            cursor = entries[-1].seq
+
+    async def compare(
+        self,
+        session: str,
+        image: str,
+        *,
+        instance: str,
+        after_seq: int,
+        to_seq: int,
+        gate: GatePolicy,
+    ) -> ValidationSummary:
+        window = await record_golden(
+            self.gateway, session, from_seq=after_seq + 1, to_seq=to_seq, note="shadow compare"
+        )
+        report = await self._replay(instance, window.dumps())
+        summary = await self._judge(window, report, image, gate)
+        return summary.model_copy(update={"from_seq": after_seq, "to_seq": to_seq})
+
+    async def replay_golden(
+        self, golden: str, image: str, *, instance: str, gate: GatePolicy
+    ) -> ValidationSummary:
+        try:
+            text = await self.golden_text(golden)
+            recorded = GoldenFile.loads(text, name=golden)
+        except (GoldenInvalid, OSError) as exc:
+            why = f"the golden session {golden} cannot be read: {exc}"
+            raise ValidationUnavailable(why) from exc
+        report = await self._replay(instance, text)
+        return await self._judge(recorded, report, image, gate, golden=golden)
+
+    # --- below ------------------------------------------------------------------------
+
+    async def _replay(self, instance: str, text: str) -> SandboxReport:
+        base_url = await self.address_of(instance)
+        try:
+            return await sandbox_replay(self.http, base_url, text)
+        except AgentAPIError as exc:
+            raise ValidationUnavailable(
+                f"the shadow {instance!r} could not answer in its sandbox: {exc}"
+            ) from exc
+
+    async def _judge(
+        self,
+        recorded: GoldenFile,
+        report: SandboxReport,
+        image: str,
+        gate: GatePolicy,
+        *,
+        golden: str | None = None,
+    ) -> ValidationSummary:
+        chat = None
+        try:
+            chat = chat_model(gate) if gate.judge == "llm" else None
+            judge = build_judge(gate, agent_patterns=report.nondeterministic, chat=chat)
+            verdict = await evaluate(gate, judge, pairs_of(recorded, report))
+        except (SemanticUnavailable, JudgeUnavailable, ValueError) as exc:
+            raise ValidationUnavailable(f"the {gate.judge} judge cannot run: {exc}") from exc
+        finally:
+            if chat is not None:
+                await chat.close()
+        return ValidationSummary(
+            judge=verdict.judge,
+            compared=verdict.compared,
+            agreed=verdict.agreed,
+            agreement=verdict.agreement,
+            threshold=verdict.threshold,
+            passed=verdict.passed,
+            golden=golden,
+            worst=[
+                f"turn {v.turn} (score {v.score:.2f}): {v.reason}; source said "
+                f"{v.expected[:SHOWN]!r}, {image} said {v.got[:SHOWN]!r}"
+                for v in verdict.worst(WORST)
+            ],
+            message=f"{image} {verdict.summary()}"
+            + (f" on the golden session {golden}" if golden else " on live turns"),
+        )
