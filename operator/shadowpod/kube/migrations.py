@@ -30,9 +30,11 @@ from shadowpod.engine.record import (
     MigrationSpec,
     Phase,
 )
-from shadowpod.kube import conditions, names
+from shadowpod.engine.record import ValidationPolicy as EngineValidation
+from shadowpod.kube import conditions, names, validation
 from shadowpod.kube.api import namespaced
 from shadowpod.kube.checkpoints import KubeletCheckpointer
+from shadowpod.kube.comparisons import ClusterValidator, warm_semantic_judge
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
 from shadowpod.kube.models.v1alpha1 import AgentMigration, AgentSession, MigrationCondition
@@ -52,7 +54,9 @@ logger = logging.getLogger("shadowpod.operator")
 TURN_POLL_S: Final = 1.0
 
 
-def engine_policy(session: AgentSession) -> MigrationPolicy:
+def engine_policy(
+    session: AgentSession, validation: EngineValidation | None = None
+) -> MigrationPolicy:
     policy = session.spec.migration
     return MigrationPolicy(
         fence_timeout_s=policy.fence_timeout_seconds,
@@ -62,6 +66,7 @@ def engine_policy(session: AgentSession) -> MigrationPolicy:
         phase_timeout_s=policy.phase_timeout_seconds,
         drain_grace_s=policy.drain_grace_period_seconds,
         rollback_on_failure=policy.rollback_on_failure,
+        validation=validation,
     )
 
 
@@ -98,7 +103,11 @@ async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
     async with ctx.lock(f"migration/{namespace}/{name}"):
         record = records.stored()
         if record is None:
-            record = await _new_record(ctx, session, migration)
+            try:
+                record = await _new_record(ctx, session, migration)
+            except validation.InvalidValidationPolicy as exc:
+                await _refuse(ctx, records, body, exc.reason, str(exc))
+                return
             if record is None:
                 message = f"AgentSession {session_name!r} has no owner pod yet"
                 await _refuse(ctx, records, body, "NoOwner", message)
@@ -109,7 +118,7 @@ async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
             record = record.model_copy(update={"recoveries": record.recoveries + 1})
         await _mark_active(ctx, session, name)
         engine = await _engine(ctx, session, migration, records, record)
-        task = asyncio.create_task(engine.run(record))
+        task = asyncio.create_task(_run_engine(engine, record))
         stop_waiter = asyncio.ensure_future(stopped.wait())
         try:
             await asyncio.wait({task, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -149,7 +158,7 @@ async def cancel(ctx: OperatorContext, body: dict[str, Any]) -> None:
                 error="the AgentMigration was deleted: rolled back; the source kept serving",
             )
         engine = await _engine(ctx, session, migration, records, record)
-        record = await engine.run(record)
+        record = await _run_engine(engine, record)
         await _finish(ctx, session, records, record)
 
 
@@ -173,7 +182,30 @@ async def _engine(
             migration=migration.metadata.name,
             node=migration.spec.target.node_name,
         )
-    return MigrationEngine(runtime, ctx.control, records, checkpointer=checkpointer)
+    validator = None
+    if record.spec.policy.validation is not None:
+        validator = ClusterValidator(
+            ctx,
+            records.migration,
+            session=session.metadata.name or "",
+            source_image=record.spec.source.image,
+            target_image=record.spec.target.image,
+            policy=validation.policy_of(session, migration, image_changes=True),
+        )
+        if record.spec.policy.validation.gate.judge == "semantic":
+            warm_semantic_judge()
+    return MigrationEngine(
+        runtime, ctx.control, records, checkpointer=checkpointer, validator=validator
+    )
+
+
+async def _run_engine(engine: MigrationEngine, record: MigrationRecord) -> MigrationRecord:
+    """The engine's run, its validator's connections closed after."""
+    try:
+        return await engine.run(record)
+    finally:
+        if isinstance(engine.validator, ClusterValidator):
+            await engine.validator.close()
 
 
 async def _mark_active(ctx: OperatorContext, session: AgentSession, migration: str) -> None:
@@ -218,6 +250,20 @@ async def _new_record(
         target_node=await ctx.api.get(f"/api/v1/nodes/{target_node}") if target_node else None,
         target_node_name=target_node,
     )
+    policy = validation.policy_of(session, migration, image_changes=target_image != source_image)
+    gate = None
+    if policy is not None:
+        own = migration.spec.validation is not None
+        field = (
+            "spec.validation"
+            if own
+            else f"AgentSession {session.metadata.name}: spec.migration.validation"
+        )
+        if found := await validation.policy_problems(ctx, namespace, policy, field=field):
+            raise validation.InvalidValidationPolicy(
+                "; ".join(found) + ": the migration did not start; correct it and create another"
+            )
+        gate = validation.engine_policy(policy, namespace, field=field)
     spec = MigrationSpec(
         id=f"{namespace}/{migration.metadata.name}",
         session=gid,
@@ -228,7 +274,7 @@ async def _new_record(
         strategy=choice.engine_strategy,
         fallback=choice.fallback,
         credentials=[c.name for c in session.spec.credentials],
-        policy=engine_policy(session),
+        policy=engine_policy(session, gate),
         reason=migration.spec.reason,
     )
     return MigrationRecord(spec=spec, strategy_note=choice.message)
