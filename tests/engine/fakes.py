@@ -22,6 +22,7 @@ from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.engine.ports import (
     Checkpoint,
     CheckpointRestoreUnsupported,
+    CompareWindowLost,
     FenceOutcome,
     FencePause,
     FenceTimedOut,
@@ -345,6 +346,8 @@ class FakeValidator:
     failing_goldens: set[str] = field(default_factory=set)
     replayed: list[str] = field(default_factory=list)
     asked: set[str] = field(default_factory=set)  # the instances asked to answer
+    windows: list[int] = field(default_factory=list)  # where each window was opened
+    loses_window: int = 0  # the shadow restarts mid-window this many times
 
     async def replay_golden(
         self, golden: str, image: str, *, instance: str, gate: GatePolicy
@@ -363,6 +366,11 @@ class FakeValidator:
             message=f"{image} on {golden}: {'passed' if passed else 'FAILED'}",
         )
 
+    async def open_window(self, session: str, *, instance: str, after_seq: int) -> int:
+        self.asked.add(instance)
+        self.windows.append(after_seq)
+        return after_seq
+
     async def completed_turns(
         self, session: str, *, instance: str, after_seq: int
     ) -> tuple[int, int]:
@@ -380,6 +388,9 @@ class FakeValidator:
         gate: GatePolicy,
     ) -> ValidationSummary:
         self.asked.add(instance)
+        if self.loses_window:
+            self.loses_window -= 1
+            raise CompareWindowLost(f"no compare window from seq {after_seq} (restarted)")
         self.compares.append((after_seq, to_seq))
         compared = to_seq - after_seq
         agreed = compared if self.agrees else compared // 2

@@ -146,3 +146,26 @@ async def test_goldens_alone_gate_a_migration(world: GatedWorld) -> None:
     assert world.records.phases() == GATED_PHASES
     assert world.validator is not None and world.validator.replayed == ["a.jsonl"]
     assert world.validator.compares == [] and record.validation is None
+
+
+async def test_a_shadow_that_lost_its_window_gets_another(world: GatedWorld) -> None:
+    assert world.validator is not None
+    world.validator.loses_window = 1  # restarted mid-window: its answers are gone
+    record = await world.engine().run(world.gated())
+    assert record.phase is Phase.SUCCEEDED, record.error
+    first, second = world.validator.windows
+    assert second > first  # re-opened at the head, not judged on the lost window
+    assert record.validation is not None and record.validation.from_seq == second
+    assert any("lost its compare window" in note for note in record.notes)
+
+
+async def test_a_shadow_that_keeps_losing_its_window_rolls_back_unjudged(
+    world: GatedWorld,
+) -> None:
+    assert world.validator is not None
+    world.validator.loses_window = 10
+    record = await world.engine().run(world.gated())
+    assert record.phase is Phase.ROLLED_BACK
+    assert record.reason == "ValidationUnavailable"  # never a guessed verdict
+    assert record.validation is None
+    assert world.session.fences == 0

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import aiohttp
 
+from shadowpod.domain.entries import JournalEntry
 from shadowpod.gates.replay import SandboxReport
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.images import reference_images
-from tests.agent.support import read_journal
+from tests.agent.support import of_kind, read_journal, wait_for
 from tests.gates.sessions import record_reference_session
 
 SESSION = "other"
@@ -23,7 +24,13 @@ async def test_an_instance_answers_a_golden_file_in_its_sandbox(tmp_path: Path) 
         await dep.create_session(SESSION, image="refagent:v2-forgetful", instance="forgetful-1")
         instance = dep.runtime.instance("forgetful-1")
         assert instance is not None
-        journal = await read_journal(dep.admin, SESSION)
+
+        # Settled: its on_owner hook has started (and journaled) its background indexer.
+        async def settled() -> list[JournalEntry] | None:
+            entries = await read_journal(dep.admin, SESSION)
+            return entries if of_kind(entries, "process") else None
+
+        journal = await wait_for(settled, "the indexer journaled")
         async with aiohttp.ClientSession() as http:
             async with http.get(f"{instance.url}/v1/state") as response:
                 state = await response.json()
@@ -47,7 +54,7 @@ async def test_an_instance_answers_a_golden_file_in_its_sandbox(tmp_path: Path) 
     assert any("'receipt': 'r-10'" in reply for reply in replies)
 
 
-async def test_a_body_that_is_not_a_golden_file_is_refused(tmp_path: Path) -> None:
+async def test_requests_the_sandbox_cannot_take_are_refused_saying_why(tmp_path: Path) -> None:
     async with LocalDeployment(tmp_path, reference_images()) as dep:
         await dep.create_session(SESSION, image="refagent:v2", instance="v2-1")
         instance = dep.runtime.instance("v2-1")
@@ -63,3 +70,12 @@ async def test_a_body_that_is_not_a_golden_file_is_refused(tmp_path: Path) -> No
                     error = await response.json()
                 assert error["error"] == "GoldenInvalid"
                 assert said in error["message"]
+            window = f"{instance.url}/v1/compare/window"
+            async with http.post(window, json={"after": "ten"}) as response:
+                assert response.status == 400
+                assert "after must be a seq" in (await response.json())["message"]
+            async with http.post(window, json={"after": 3}) as response:
+                assert response.status == 409  # an owner has nothing to compare
+                assert (await response.json())["error"] == "NotShadow"
+            async with http.get(f"{instance.url}/v1/compare?after=3") as response:
+                assert response.status == 400

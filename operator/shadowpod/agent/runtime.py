@@ -42,6 +42,7 @@ from typing import Final, Literal, TypeVar
 
 from shadowpod.agent.appends import AppendLimits, WriteRefused, permanent
 from shadowpod.agent.checkpoint import CheckpointUnsupported, fork_for_checkpoint
+from shadowpod.agent.compare import CompareWindow, WindowLost
 from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.agent.identity import Identity
 from shadowpod.agent.owner import TRANSIENT, OwnerLoop
@@ -125,6 +126,8 @@ class AgentRuntime(OwnerLoop):
         self.snapshots = Snapshotter(
             self.identity.session, settings.snapshot_every, self._store_snapshot
         )
+        # Shadow compare in place (``shadowpod.agent.compare``): open while a gate asks.
+        self.window: CompareWindow | None = None
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -335,6 +338,7 @@ class AgentRuntime(OwnerLoop):
                         break
             except (GatewayError, *TRANSIENT) as exc:
                 failures = await self._unless_permanent(failures, exc)
+        await self.close_window()
         if self.promotion is not None:
             self.epoch = self.promotion.epoch
             logger.info(
@@ -347,6 +351,27 @@ class AgentRuntime(OwnerLoop):
                 },
             )
 
+    # --- shadow compare ---------------------------------------------------------------
+
+    def open_window(self, after: int) -> CompareWindow:
+        """Answer every live turn after ``after`` in the sandbox as it is followed (see
+        ``shadowpod.agent.compare``). Asked again with the same ``after``, the open
+        window is kept; a shadow that already folded past ``after`` opens it at its
+        watermark (the window's ``after`` says where)."""
+        if self.mode != "shadow" or self.promotion is not None:
+            raise WindowLost(f"this instance is {self.mode}: only a shadow compares")
+        if self.window is not None and self.window.after == after:
+            return self.window
+        if self.window is not None:
+            asyncio.get_running_loop().create_task(self.window.close())
+        self.window = CompareWindow(self.agent, max(after, self.folder.watermark))
+        return self.window
+
+    async def close_window(self) -> None:
+        if self.window is not None:
+            window, self.window = self.window, None
+            await window.close()
+
     # --- applying the journal ---------------------------------------------------------
 
     def _apply(self, batch: Sequence[JournalEntry]) -> None:
@@ -355,6 +380,25 @@ class AgentRuntime(OwnerLoop):
         Runs of other entries are folded in one call: entry by entry, the folder's
         per-call cost was an eighth of a catch-up's time.
         """
+        if self.window is not None and self.mode == "shadow":
+            self._apply_in_window(batch, self.window)
+        else:
+            self._apply_plain(batch)
+
+    def _apply_in_window(self, batch: Sequence[JournalEntry], window: CompareWindow) -> None:
+        """``_apply`` while a compare window is open: the fold stops before each
+        window turn's first output, so the sandbox gets the state the turn started
+        from. A slice with no such turn is folded as ``_apply`` folds it."""
+        start = 0
+        for index, entry in enumerate(batch):
+            if window.starts_turn(entry):
+                self._apply_plain(batch[start:index])
+                window.turn_started(entry, self.folder.peek())
+                start = index
+        self._apply_plain(batch[start:])
+        window.saw(batch)
+
+    def _apply_plain(self, batch: Sequence[JournalEntry]) -> None:
         requested = False
         folded = 0
         for index, entry in enumerate(batch):

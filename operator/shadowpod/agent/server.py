@@ -12,6 +12,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from shadowpod.agent.compare import WindowLost, WindowNotReady
 from shadowpod.agent.runtime import AgentRuntime, CheckpointRefused
 from shadowpod.agent.sandbox import MAX_GOLDEN_BYTES, replay_golden
 from shadowpod.api.agent import (
@@ -179,6 +180,53 @@ def _too_large(size: int | None) -> web.Response:
     )
 
 
+async def open_window(request: web.Request) -> web.Response:
+    """``{"after": SEQ}``: from now on, answer every live turn after SEQ in the sandbox."""
+    try:
+        asked = orjson.loads(await request.read())
+        after = asked["after"]
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise ValueError("after must be a seq (an integer >= 0)")
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        return _error("BadRequest", f'expected {{"after": SEQ}}: {exc}', 400)
+    runtime = request.app[RUNTIME]
+    try:
+        window = runtime.open_window(after)
+    except WindowLost as exc:
+        return _error("NotShadow", str(exc), 409)
+    return _json(
+        {
+            "after": window.after,
+            "watermark": runtime.folder.watermark,
+            "opened_at": window.opened_at,
+        }
+    )
+
+
+async def compare_report(request: web.Request) -> web.Response:
+    """``?after=A&to=B``: the window's answers to the turns after A acked by B."""
+    try:
+        after, to = int(request.query["after"]), int(request.query["to"])
+    except (KeyError, ValueError):
+        return _error("BadRequest", "expected ?after=SEQ&to=SEQ (integers)", 400)
+    runtime = request.app[RUNTIME]
+    window = runtime.window
+    if window is None:
+        return _error(
+            "WindowLost",
+            f"this instance ({runtime.mode}) has no compare window open: it was restarted "
+            "or promoted since; open another one",
+            409,
+        )
+    try:
+        report = window.report(after=after, to=to, watermark=runtime.folder.watermark)
+    except WindowLost as exc:
+        return _error("WindowLost", f"{exc}: open another one", 409)
+    except WindowNotReady as exc:
+        return _error("Pending", f"{exc}; ask again", 409)
+    return _json(report.model_dump(mode="json"))
+
+
 def make_status_app(runtime: AgentRuntime) -> web.Application:
     # The body limit is the sandbox's: every other request is small.
     app = web.Application(client_max_size=MAX_GOLDEN_BYTES)
@@ -192,4 +240,6 @@ def make_status_app(runtime: AgentRuntime) -> web.Application:
     app.router.add_post("/v1/snapshot", snapshot)
     app.router.add_post("/v1/checkpoint", checkpoint)
     app.router.add_post("/v1/sandbox/replay", sandbox_replay)
+    app.router.add_post("/v1/compare/window", open_window)
+    app.router.add_get("/v1/compare", compare_report)
     return app

@@ -119,3 +119,39 @@ async def sandbox_replay(
         return SandboxReport.model_validate_json(body)
     except ValidationError as exc:
         raise AgentAPIError(f"{base_url} answered with no sandbox report: {exc}") from exc
+
+
+async def open_compare_window(
+    http: aiohttp.ClientSession, base_url: str, after: int, *, timeout: aiohttp.ClientTimeout
+) -> int:
+    """Open the shadow's compare window after ``after``; where it starts."""
+    body = await _answer(
+        http, "POST", f"{base_url}/v1/compare/window", timeout=timeout, json={"after": after}
+    )
+    opened = orjson.loads(body).get("after")
+    if not isinstance(opened, int):
+        raise AgentAPIError(f"{base_url} opened a compare window but did not say where")
+    return opened
+
+
+async def compare_report(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    *,
+    after: int,
+    to: int,
+    timeout: aiohttp.ClientTimeout,
+) -> SandboxReport:
+    """The window's answers to the turns after ``after`` acked at or below ``to``;
+    ``AgentAPIError`` with ``error`` ``Pending`` (not there yet) or ``WindowLost``."""
+    body = await _answer(
+        http,
+        "GET",
+        f"{base_url}/v1/compare",
+        timeout=timeout,
+        params={"after": str(after), "to": str(to)},
+    )
+    try:
+        return SandboxReport.model_validate_json(body)
+    except ValidationError as exc:
+        raise AgentAPIError(f"{base_url} answered with no sandbox report: {exc}") from exc

@@ -1,9 +1,12 @@
 """Shadow compare over the agent API: the engine's ``Validator`` for any runtime.
 
-The shadow itself answers, in its sandbox (``POST /v1/sandbox/replay`` on its agent
-API): the same process, the same image and the state it restored, nothing journaled,
-no side effect. The source's answers come from the journal, read through the
-gateway, and the gate's judge compares. No process is started for a comparison.
+The shadow itself answers, in its sandbox: the same process, the same image, the
+state it holds, nothing journaled, no side effect. Live turns: a compare window
+opened on the shadow (``POST /v1/compare/window``) has it answer each live turn as it
+follows the journal; its answers (``GET /v1/compare``) are judged against the
+source's, read from the journal through the gateway. Golden sessions: the shadow
+answers the file (``POST /v1/sandbox/replay``). No process is started for a
+comparison.
 
 Where an instance listens (``address_of``) and what a golden reference names
 (``golden_text``: a file path on this machine, a ConfigMap key on a cluster) are the
@@ -12,26 +15,39 @@ runtime's to say.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 import aiohttp
 
-from shadowpod.client.agent import AgentAPIError, sandbox_replay
+from shadowpod.client.agent import (
+    AgentAPIError,
+    compare_report,
+    open_compare_window,
+    sandbox_replay,
+)
 from shadowpod.client.gateway import GatewayClient
-from shadowpod.client.goldens import record_golden
-from shadowpod.engine.ports import ValidationUnavailable
+from shadowpod.domain.entries import JournalEntry
+from shadowpod.engine.ports import CompareWindowLost, ValidationUnavailable
 from shadowpod.engine.record import ValidationSummary
+from shadowpod.gates.answers import TurnPair
 from shadowpod.gates.gate import build_judge, chat_model, evaluate
 from shadowpod.gates.golden import GoldenFile, GoldenInvalid
 from shadowpod.gates.llm import JudgeUnavailable
 from shadowpod.gates.policy import GatePolicy
-from shadowpod.gates.replay import SandboxReport, pairs_of
+from shadowpod.gates.replay import SandboxReport, live_pairs, pairs_of
 from shadowpod.gates.semantic import SemanticUnavailable
 
 PAGE: Final = 5000
 WORST: Final = 5
 SHOWN: Final = 160  # characters of each answer kept in the record
+WINDOW_TIMEOUT: Final = aiohttp.ClientTimeout(total=10.0)
+# How long the shadow may take to follow up to the window's last turn and answer it
+# (it follows the live journal: milliseconds, unless its sandbox is slow).
+ANSWERS_WAIT_S: Final = 60.0
+ANSWERS_POLL_S: Final = 0.01
 
 AddressOf = Callable[[str], Awaitable[str]]
 GoldenText = Callable[[str], Awaitable[str]]
@@ -73,6 +89,15 @@ class ShadowValidator:
                 return count, last
             cursor = entries[-1].seq
 
+    async def open_window(self, session: str, *, instance: str, after_seq: int) -> int:
+        base_url = await self.address_of(instance)
+        try:
+            return await open_compare_window(self.http, base_url, after_seq, timeout=WINDOW_TIMEOUT)
+        except AgentAPIError as exc:
+            raise ValidationUnavailable(
+                f"the shadow {instance!r} cannot open a compare window: {exc}"
+            ) from exc
+
     async def compare(
         self,
         session: str,
@@ -83,11 +108,10 @@ class ShadowValidator:
         to_seq: int,
         gate: GatePolicy,
     ) -> ValidationSummary:
-        window = await record_golden(
-            self.gateway, session, from_seq=after_seq + 1, to_seq=to_seq, note="shadow compare"
-        )
-        report = await self._replay(instance, window.dumps())
-        summary = await self._judge(window, report, image, gate)
+        report = await self._answers(instance, after_seq, to_seq)
+        entries = await self._journal(session, after_seq, to_seq)
+        pairs = live_pairs(entries, report, after=after_seq, to=to_seq)
+        summary = await self._judge(pairs, report, image, gate)
         return summary.model_copy(update={"from_seq": after_seq, "to_seq": to_seq})
 
     async def replay_golden(
@@ -100,7 +124,7 @@ class ShadowValidator:
             why = f"the golden session {golden} cannot be read: {exc}"
             raise ValidationUnavailable(why) from exc
         report = await self._replay(instance, text)
-        return await self._judge(recorded, report, image, gate, golden=golden)
+        return await self._judge(pairs_of(recorded, report), report, image, gate, golden=golden)
 
     # --- below ------------------------------------------------------------------------
 
@@ -113,9 +137,39 @@ class ShadowValidator:
                 f"the shadow {instance!r} could not answer in its sandbox: {exc}"
             ) from exc
 
+    async def _answers(self, instance: str, after: int, to: int) -> SandboxReport:
+        """The shadow's answers to the window's turns, once it has followed to ``to``."""
+        base_url = await self.address_of(instance)
+        deadline = time.monotonic() + ANSWERS_WAIT_S
+        while True:
+            try:
+                return await compare_report(
+                    self.http, base_url, after=after, to=to, timeout=WINDOW_TIMEOUT
+                )
+            except AgentAPIError as exc:
+                if exc.error == "WindowLost":
+                    raise CompareWindowLost(f"the shadow {instance!r}: {exc}") from exc
+                if exc.error != "Pending" or time.monotonic() > deadline:
+                    raise ValidationUnavailable(
+                        f"the shadow {instance!r} did not give its answers: {exc}"
+                    ) from exc
+            await asyncio.sleep(ANSWERS_POLL_S)
+
+    async def _journal(self, session: str, after: int, to: int) -> list[JournalEntry]:
+        """The journal in (after, to]: the source's answers, as recorded."""
+        entries: list[JournalEntry] = []
+        cursor = after
+        while cursor < to:
+            page, _ = await self.gateway.journal(session, after=cursor, limit=PAGE)
+            if not page:
+                break
+            entries += [e for e in page if e.seq <= to]
+            cursor = page[-1].seq
+        return entries
+
     async def _judge(
         self,
-        recorded: GoldenFile,
+        pairs: Sequence[TurnPair],
         report: SandboxReport,
         image: str,
         gate: GatePolicy,
@@ -126,7 +180,7 @@ class ShadowValidator:
         try:
             chat = chat_model(gate) if gate.judge == "llm" else None
             judge = build_judge(gate, agent_patterns=report.nondeterministic, chat=chat)
-            verdict = await evaluate(gate, judge, pairs_of(recorded, report))
+            verdict = await evaluate(gate, judge, pairs)
         except (SemanticUnavailable, JudgeUnavailable, ValueError) as exc:
             raise ValidationUnavailable(f"the {gate.judge} judge cannot run: {exc}") from exc
         finally:

@@ -31,6 +31,7 @@ from shadowpod.engine.fence_checks import bumped_to_target, fence_found, lift_st
 from shadowpod.engine.ports import (
     Checkpointer,
     CheckpointRestoreUnsupported,
+    CompareWindowLost,
     FenceOutcomeUnknown,
     FencePause,
     FenceTimedOut,
@@ -40,6 +41,7 @@ from shadowpod.engine.ports import (
     Runtime,
     SessionControl,
     Unavailable,
+    ValidationUnavailable,
     Validator,
 )
 from shadowpod.engine.record import (
@@ -55,6 +57,8 @@ POLL_S: Final = 0.01
 # Polls back off to this: a phase that takes a second (a process starting) is not
 # asked a hundred times, while one that takes milliseconds is seen at once.
 MAX_POLL_S: Final = 0.05
+# A shadow that loses its compare window (restarted) gets a new one this many times.
+MAX_WINDOW_REOPENS: Final = 2
 Clock = Callable[[], float]
 
 
@@ -460,9 +464,11 @@ class MigrationEngine:
         )
 
     async def _validating(self, record: MigrationRecord) -> MigrationRecord:
-        """Shadow compare: wait for the policy's number of live turns (or its time),
-        have the target answer them in a sandbox, judge; fence, or roll back with
-        ``ValidationFailed`` — the source serving all along, the session untouched."""
+        """Shadow compare: golden sessions first; then a compare window opened on the
+        shadow, which answers every live turn after it in its sandbox as it follows;
+        wait for the policy's number of turns (or its time) and judge the shadow's
+        answers; fence, or roll back with ``ValidationFailed`` — the source serving
+        all along, the session untouched."""
         spec = record.spec
         policy = spec.policy.validation
         assert policy is not None
@@ -482,14 +488,57 @@ class MigrationEngine:
                 return self._failed(record, ValidationFailed(failed[0].message))
         if policy.turns == 0:
             return self._enter(record, Phase.FENCING)
-        if record.validation_from is None:
-            record = record.model_copy(
-                update={"validation_from": await self.control.head(spec.session)}
-            )
-            await self.records.save(record)
+        waiting_since = record.timings[Phase.VALIDATING].started
+        reopened = 0
+        while True:
+            record = await self._open_window(record, validator)
+            try:
+                return await self._compare_window(record, validator, waiting_since)
+            except CompareWindowLost as exc:
+                reopened += 1
+                if reopened > MAX_WINDOW_REOPENS:
+                    raise ValidationUnavailable(
+                        f"the shadow lost its compare window {reopened} times: {exc}"
+                    ) from exc
+                note = f"the shadow lost its compare window ({exc}); opening another"
+                record = record.model_copy(
+                    update={"validation_from": None, "notes": [*record.notes, note]}
+                )
+                await self.records.save(record)
+                waiting_since = self._clock()
+
+    async def _open_window(self, record: MigrationRecord, validator: Validator) -> MigrationRecord:
+        """The window at the journal head, or the one the record already names (a
+        resumed engine): the shadow keeps it, or says where its new one starts."""
+        spec = record.spec
+        asked = record.validation_from
+        if asked is None:
+            asked = await self.control.head(spec.session)
+        opened = await validator.open_window(
+            spec.session, instance=spec.target.name, after_seq=asked
+        )
+        if opened == record.validation_from:
+            return record
+        notes = record.notes
+        if record.validation_from is not None:
+            notes = [
+                *notes,
+                f"the shadow had no compare window from seq {record.validation_from} "
+                f"(restarted); it compares from seq {opened}",
+            ]
+        record = record.model_copy(update={"validation_from": opened, "notes": notes})
+        await self.records.save(record)
+        return record
+
+    async def _compare_window(
+        self, record: MigrationRecord, validator: Validator, waiting_since: float
+    ) -> MigrationRecord:
+        """Wait for the policy's live turns (or its time), then the verdict on them."""
+        spec = record.spec
+        policy = spec.policy.validation
+        assert policy is not None
         after = record.validation_from
         assert after is not None
-        started = record.timings[Phase.VALIDATING].started
         delays = self._delays(slowest=0.2)
         while True:
             await self._alive(spec.target.name, "shadow")
@@ -497,7 +546,7 @@ class MigrationEngine:
             count, to_seq = await validator.completed_turns(
                 spec.session, instance=spec.target.name, after_seq=after
             )
-            if count >= policy.turns or self._clock() > started + policy.timeout_s:
+            if count >= policy.turns or self._clock() > waiting_since + policy.timeout_s:
                 break
             if self._overdue(record):
                 raise MaxDurationExceeded(

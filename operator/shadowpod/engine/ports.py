@@ -141,6 +141,13 @@ class ValidationUnavailable(ShadowpodError):
     reason = "ValidationUnavailable"
 
 
+class CompareWindowLost(ValidationUnavailable):
+    """The shadow has no compare window from that seq any more (it was restarted):
+    its answers to the window's turns are gone. Open another window."""
+
+    reason = "CompareWindowLost"
+
+
 class CheckpointRestoreUnsupported(ShadowpodError):
     """This runtime cannot checkpoint or restore an agent process (no CRIU here, or a
     CRIU that cannot); the app-level state path can still move the session."""
@@ -249,6 +256,14 @@ class Validator(Protocol):
     comparison cannot be made.
     """
 
+    async def open_window(self, session: str, *, instance: str, after_seq: int) -> int:
+        """Have the shadow answer, in its sandbox, every live turn whose inbound comes
+        after ``after_seq`` as it follows the journal. Returns where the window starts:
+        ``after_seq``, or later when the shadow already followed past it (a shadow
+        restarted since the window was first opened). Asked again with the same seq,
+        the open window is kept."""
+        ...
+
     async def completed_turns(
         self, session: str, *, instance: str, after_seq: int
     ) -> tuple[int, int]:
@@ -266,8 +281,9 @@ class Validator(Protocol):
         to_seq: int,
         gate: GatePolicy,
     ) -> ValidationSummary:
-        """The shadow (of ``image``) answers those turns in a sandbox, from the state
-        each started from; the gate's judge compares its answers with the owner's."""
+        """The shadow's answers (of ``image``) to the window's turns acked at or below
+        ``to_seq``, judged against the owner's; ``CompareWindowLost`` when the shadow
+        has lost the window opened ``after_seq``."""
         ...
 
     async def replay_golden(

@@ -3,7 +3,7 @@ started from, and what the candidate answered (the sandbox's report)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,4 +137,33 @@ def pairs_of(golden: GoldenFile, report: SandboxReport) -> list[TurnPair]:
             got=answers.get(turn.seq, Answer()),
         )
         for turn, _ in golden_turns(golden)
+    ]
+
+
+def live_pairs(
+    entries: Sequence[JournalEntry], report: SandboxReport, *, after: int, to: int
+) -> list[TurnPair]:
+    """Shadow compare's turns: those whose inbound came after ``after`` and whose ack
+    is at or below ``to``, as the journal recorded them (``entries``, the journal after
+    ``after``), each matched with the shadow's answer (an empty one if it gave none)."""
+    inbound = {e.seq: e for e in entries if e.epoch == 0 and e.kind in ("message", "schedule")}
+    outputs: dict[int, list[JournalEntry]] = {}
+    acked: list[int] = []
+    for entry in entries:
+        turn = turn_of(entry)
+        if turn is None or turn not in inbound:
+            continue
+        if entry.kind != "ack":
+            outputs.setdefault(turn, []).append(entry)
+        elif entry.seq <= to:
+            acked.append(turn)
+    answers = {answer.turn: answer.answer for answer in report.answers}
+    return [
+        TurnPair(
+            turn=turn,
+            inbound=str(inbound[turn].payload.get("content", "")),
+            expected=Answer.of_outputs((e.kind, e.payload) for e in outputs.get(turn, [])),
+            got=answers.get(turn, Answer()),
+        )
+        for turn in sorted(acked)
     ]
