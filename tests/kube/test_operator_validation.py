@@ -243,3 +243,9 @@ async def test_a_validation_policy_the_gate_cannot_use_is_said_and_starts_nothin
     assert "spec.validation.gate" in migration["status"]["message"]
     assert "InvalidValidationPolicy" in await reasons(world, "g2-bad")
     assert [p["metadata"]["name"] for p in await world.pods("g2")] == [owner]
+
+    # Nothing was compared: `kubectl shadowpod diff` says so, as it does of a typo.
+    nothing = await plugin(world, "diff", "g2-bad")
+    assert nothing.exit_code == 2 and "compared no answers" in nothing.output
+    unknown = await plugin(world, "diff", "g2-nope")
+    assert unknown.exit_code == 2 and "AgentMigration 'g2-nope' not found" in unknown.output

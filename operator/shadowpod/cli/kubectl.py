@@ -260,8 +260,8 @@ def _print_answers(name: str, verdict: dict[str, Any], kept: Any, *, disagreemen
     )
     for found in kept.comparisons:
         what = f"golden session {found.golden}" if found.golden else "live turns"
-        if found.golden is None and found.from_seq is not None:
-            what += f" after seq {found.from_seq}"
+        if found.golden is None and verdict.get("fromSeq") is not None:
+            what += f" after seq {verdict['fromSeq']}"
         console.print(
             f"{what}: {found.agreed}/{found.compared} agree by the {found.judge} judge"
             f" (needs {found.threshold:.0%}): {'passed' if found.passed else 'FAILED'}",

@@ -53,8 +53,6 @@ class Comparison(BaseModel):
     compared: int
     agreed: int
     threshold: float
-    from_seq: int | None = None
-    to_seq: int | None = None
     turns: list[TurnAnswers] = Field(default_factory=list)
 
 
@@ -72,10 +70,16 @@ class Answers(BaseModel):
     cut: int = Field(default=0, description="Answers cut short, or turns left out, to fit.")
 
 
+CUT_MARK: Final = " […]"
+
+
 def _cut(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` at most ``limit`` characters (and the mark), and whether it is newly cut."""
     if len(text) <= limit:
         return text, False
-    return text[:limit] + " […]", True
+    already = text.endswith(CUT_MARK)
+    body = text.removesuffix(CUT_MARK) if already else text
+    return body[:limit] + CUT_MARK, not already
 
 
 def comparison(
@@ -85,8 +89,6 @@ def comparison(
     passed: bool,
     threshold: float,
     golden: str | None = None,
-    from_seq: int | None = None,
-    to_seq: int | None = None,
     limit: int = ANSWER_CHARS,
 ) -> tuple[Comparison, int]:
     """A comparison from the judge's per-turn verdicts, and how much of it was cut."""
@@ -113,8 +115,6 @@ def comparison(
         compared=len(verdicts),
         agreed=sum(1 for v in verdicts if v.agreed),
         threshold=threshold,
-        from_seq=from_seq,
-        to_seq=to_seq,
         turns=turns,
     )
     return found, cut

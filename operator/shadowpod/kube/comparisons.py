@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from shadowpod.client.validation import SHOWN, WORST, ShadowValidator
 from shadowpod.engine.ports import ValidationUnavailable
 from shadowpod.engine.record import ValidationSummary
+from shadowpod.gates.answers import TurnPair
 from shadowpod.gates.gate import build_judge, chat_model, evaluate, shared_embedder
-from shadowpod.gates.golden import GoldenFile
 from shadowpod.gates.llm import JudgeUnavailable
 from shadowpod.gates.policy import GatePolicy
-from shadowpod.gates.replay import SandboxReport, pairs_of
+from shadowpod.gates.replay import SandboxReport
 from shadowpod.gates.semantic import SemanticUnavailable
 from shadowpod.gates.verdicts import GateVerdict
 from shadowpod.kube import answers, validation
@@ -82,7 +83,7 @@ class ClusterValidator(ShadowValidator):
 
     async def _judge(
         self,
-        recorded: GoldenFile,
+        pairs: Sequence[TurnPair],
         report: SandboxReport,
         image: str,
         gate: GatePolicy,
@@ -91,8 +92,8 @@ class ClusterValidator(ShadowValidator):
     ) -> ValidationSummary:
         """As ``ShadowValidator``'s, keeping every turn's verdict (both answers, the
         score and the reason) in the answers ConfigMap before the verdict is returned."""
-        verdict = await self._verdict(recorded, report, gate)
-        await self._keep(verdict, golden=golden, window=recorded)
+        verdict = await self._verdict(pairs, report, gate)
+        await self._keep(verdict, golden=golden)
         return ValidationSummary(
             judge=verdict.judge,
             compared=verdict.compared,
@@ -111,7 +112,7 @@ class ClusterValidator(ShadowValidator):
         )
 
     async def _verdict(
-        self, recorded: GoldenFile, report: SandboxReport, gate: GatePolicy
+        self, pairs: Sequence[TurnPair], report: SandboxReport, gate: GatePolicy
     ) -> GateVerdict:
         chat = None
         try:
@@ -119,7 +120,7 @@ class ClusterValidator(ShadowValidator):
                 await self._provide_key()
                 chat = chat_model(gate)
             judge = build_judge(gate, agent_patterns=report.nondeterministic, chat=chat)
-            return await evaluate(gate, judge, pairs_of(recorded, report))
+            return await evaluate(gate, judge, pairs)
         except (SemanticUnavailable, JudgeUnavailable, ValueError) as exc:
             raise ValidationUnavailable(f"the {gate.judge} judge cannot run: {exc}") from exc
         finally:
@@ -134,15 +135,13 @@ class ClusterValidator(ShadowValidator):
         except validation.InvalidValidationPolicy as exc:
             raise ValidationUnavailable(str(exc)) from None
 
-    async def _keep(self, verdict: GateVerdict, *, golden: str | None, window: GoldenFile) -> None:
+    async def _keep(self, verdict: GateVerdict, *, golden: str | None) -> None:
         found, cut = answers.comparison(
             verdict.turns,
             judge=verdict.judge,
             passed=verdict.passed,
             threshold=verdict.threshold,
             golden=golden,
-            from_seq=None if golden else window.header.from_seq - 1,
-            to_seq=None if golden else window.header.to_seq,
         )
         kept = await answers.load(self.ctx.api, self.namespace, self.base.migration)
         others = [] if kept is None else [c for c in kept.comparisons if c.golden != golden]
