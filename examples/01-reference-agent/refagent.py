@@ -11,6 +11,8 @@ What it does with a message:
                          run appends the amount to ``$REFAGENT_CHARGE_LOG``, if set);
 - ``sleep <seconds>``    takes that long to answer (a long turn);
 - ``what is my name?``   answers the name it remembers;
+- ``who are you?``       describes itself: its name and its principle (the persona
+                         check's probe);
 - ``warm?``              tells its warm cache: an id drawn when the process started
                          and the forecasts it looked up, kept in memory only (never
                          journaled: a CRIU checkpoint carries it, a snapshot cannot);
@@ -22,10 +24,12 @@ background ``indexer`` process. Version 2 keeps its own state in a different sha
 (schema 2) and reads version 1's through a migration; its answers start with ``v2``
 where version 1's start with ``[v1]``, so a client can tell which version answered.
 
-Two variants of version 2 exist to test upgrade gates (``--variant``):
+Three variants of version 2 exist to test upgrade gates (``--variant``):
 ``reworded`` says the same things in other words; ``forgetful`` regresses: it looks
 the user's name up under a key of its own (a refactoring slip), so after a move it no
-longer knows the name the session told the earlier version.
+longer knows the name the session told the earlier version; ``renamed`` calls itself
+by another name (a prompt that lost the agent's identity) until its re-anchor hook is
+given the session's identity.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import sys
 
 from pydantic import JsonValue
 
-from shadowpod.agent import Agent, OwnerContext, Turn
+from shadowpod.agent import Agent, OwnerContext, SessionIdentity, Turn
 
 HEARTBEAT_S = float(os.environ.get("REFAGENT_HEARTBEAT_S", "0"))
 INDEXER = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
@@ -58,7 +62,9 @@ def _ballast(megabytes: int) -> bytearray:
 BALLAST = _ballast(int(os.environ.get("REFAGENT_BALLAST_MB", "0")))
 
 
-VARIANTS = ("plain", "reworded", "forgetful")
+VARIANTS = ("plain", "reworded", "forgetful", "renamed")
+NAME = "Refagent"
+PRINCIPLE = "I answer every message once, in order"
 
 
 def build(version: int, variant: str = "plain") -> Agent:
@@ -66,6 +72,8 @@ def build(version: int, variant: str = "plain") -> Agent:
     agent = Agent("refagent", version=label, state_schema=version)
     name_key = "user_name" if variant == "forgetful" else "name"
     reworded = variant == "reworded"
+    # Who it says it is: in memory; the re-anchor hook sets it from the session's spec.
+    persona = {"name": "Rex" if variant == "renamed" else NAME, "principle": PRINCIPLE}
     agent.nondeterministic(r"r-\d+(?:\.\d+)?")  # receipts: a payment system's own ids
 
     # --- the agent's own state, in its schema -----------------------------------------
@@ -116,6 +124,12 @@ def build(version: int, variant: str = "plain") -> Agent:
     async def start_background_work(owner: OwnerContext) -> None:
         await owner.spawn("indexer", INDEXER)
 
+    @agent.on_reanchor
+    async def reanchor(identity: SessionIdentity) -> None:
+        persona["name"] = identity.name or NAME
+        if identity.principles:
+            persona["principle"] = identity.principles[0]
+
     # --- turns ------------------------------------------------------------------------
 
     def answer(turn: Turn, text: str) -> str:
@@ -163,6 +177,8 @@ def build(version: int, variant: str = "plain") -> Agent:
         elif lowered.startswith("charge "):
             result = await turn.tool("charge", {"amount": text[len("charge ") :].strip()})
             await turn.reply(answer(turn, f"charged: {result}"), **meta)
+        elif lowered.startswith("who are you"):
+            await turn.reply(f"I am {persona['name']}: {persona['principle']}.", **meta)
         elif lowered == "warm?":
             cached = ", ".join(sorted(FORECASTS)) or "nothing"
             await turn.reply(answer(turn, f"warm cache {WARM_CACHE_ID}: {cached}"), **meta)

@@ -35,6 +35,7 @@ from shadowpod.engine.ports import (
     RuntimeUnavailable,
 )
 from shadowpod.engine.record import MigrationRecord, ValidationSummary
+from shadowpod.gates.persona import PersonaCheck, PersonaPolicy, Stage
 from shadowpod.gates.policy import GatePolicy
 from shadowpod.journal.errors import EpochConflict
 
@@ -348,6 +349,7 @@ class FakeValidator:
     asked: set[str] = field(default_factory=set)  # the instances asked to answer
     windows: list[int] = field(default_factory=list)  # where each window was opened
     loses_window: int = 0  # the shadow restarts mid-window this many times
+    drifts: bool = False  # the target answers the persona probe as another agent
 
     async def replay_golden(
         self, golden: str, image: str, *, instance: str, gate: GatePolicy
@@ -372,10 +374,12 @@ class FakeValidator:
         return after_seq
 
     async def completed_turns(
-        self, session: str, *, instance: str, after_seq: int
+        self, session: str, *, instance: str, after_seq: int, up_to: int | None = None
     ) -> tuple[int, int]:
         turns = max(0, self.session.head - after_seq)
-        return turns, self.session.head if turns else after_seq
+        if up_to is not None:
+            turns = min(turns, up_to)
+        return turns, after_seq + turns
 
     async def compare(
         self,
@@ -408,3 +412,28 @@ class FakeValidator:
             worst=[] if self.agrees else [f"turn {to_seq}: forgot the name"],
             message=f"{image}: {agreed}/{compared} agree",
         )
+
+    async def persona(
+        self,
+        policy: PersonaPolicy,
+        *,
+        stage: Stage,
+        instance: str,
+        source: str,
+        baseline: str | None = None,
+    ) -> PersonaCheck:
+        self.asked.add(instance)
+        said = "I am someone else" if self.drifts else "I am the agent"
+        return PersonaCheck(
+            stage=stage,
+            instance=instance,
+            probe=policy.probe,
+            baseline=baseline or "I am the agent",
+            reply=said,
+            score=0.0 if self.drifts else 1.0,
+            drifted=self.drifts,
+            reason="fake",
+        )
+
+    async def reanchor(self, instance: str) -> None:
+        self.drifts = False

@@ -9,6 +9,7 @@ import pytest
 
 from shadowpod.engine.engine import MigrationEngine
 from shadowpod.engine.record import MigrationRecord, Phase, ValidationPolicy
+from shadowpod.gates.persona import PersonaPolicy
 from shadowpod.gates.policy import GatePolicy
 from tests.engine.fakes import FakeValidator, MemoryRecords
 from tests.engine.test_engine import SOURCE, TARGET, World
@@ -56,7 +57,7 @@ async def test_a_version_that_agrees_is_validated_then_fenced(world: GatedWorld)
     assert record.phase is Phase.SUCCEEDED, record.error
     assert world.records.phases() == GATED_PHASES
     assert record.validation is not None and record.validation.passed
-    assert record.validation.compared >= 5
+    assert record.validation.compared == 5  # the policy's turns, not all that came
     assert world.validator is not None and len(world.validator.compares) == 1
     assert world.validator.asked == {TARGET}  # the shadow answers, nobody else
 
@@ -169,3 +170,26 @@ async def test_a_shadow_that_keeps_losing_its_window_rolls_back_unjudged(
     assert record.reason == "ValidationUnavailable"  # never a guessed verdict
     assert record.validation is None
     assert world.session.fences == 0
+
+
+async def test_persona_drift_rolls_back_before_the_fence_with_the_probes_kept(
+    world: GatedWorld,
+) -> None:
+    assert world.validator is not None
+    world.validator.drifts = True
+    record = world.record(persona=PersonaPolicy(on_drift="rollback"))
+    record = await world.engine().run(record)
+    assert record.phase is Phase.ROLLED_BACK
+    assert (record.reason, record.failed_phase) == ("PersonaDrift", Phase.VALIDATING)
+    [check] = record.persona_checks
+    assert check.reply == "I am someone else" and check.action == "rolled back"
+    assert world.session.fences == 0
+
+
+async def test_a_persona_policy_alone_probes_after_restore_and_after_promotion(
+    world: GatedWorld,
+) -> None:
+    record = await world.engine().run(world.record(persona=PersonaPolicy()))
+    assert record.phase is Phase.SUCCEEDED, record.error
+    assert [c.stage for c in record.persona_checks] == ["restore", "promotion"]
+    assert "Validating" in world.records.phases()

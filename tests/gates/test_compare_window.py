@@ -66,6 +66,8 @@ async def test_the_shadow_answers_live_turns_from_its_own_memory(dep: LocalDeplo
     seqs = await talk(dep, "my name is Ada", "warm?", "what is my name?", "warm?")
     count, to = await validator.completed_turns(SESSION, instance=SHADOW, after_seq=after)
     assert count == 4
+    first_two = await validator.completed_turns(SESSION, instance=SHADOW, after_seq=after, up_to=2)
+    assert first_two[0] == 2 and after < first_two[1] < to
     summary = await validator.compare(
         SESSION, "refagent:v2", instance=SHADOW, after_seq=after, to_seq=to,
         gate=GatePolicy(judge="exact", agreement=0.5),

@@ -12,6 +12,7 @@ agent.run()
 """
 
 from shadowpod.agent.app import Agent
+from shadowpod.agent.identity import SessionIdentity
 from shadowpod.agent.turn import OwnerContext, ToolAbandoned, ToolFailed, Turn
 
-__all__ = ["Agent", "OwnerContext", "ToolAbandoned", "ToolFailed", "Turn"]
+__all__ = ["Agent", "OwnerContext", "SessionIdentity", "ToolAbandoned", "ToolFailed", "Turn"]

@@ -27,10 +27,12 @@ from shadowpod.domain.errors import SchemaTooNew
 from shadowpod.gates.normalise import compile_patterns
 
 if TYPE_CHECKING:
+    from shadowpod.agent.identity import SessionIdentity
     from shadowpod.agent.turn import OwnerContext, Turn
 
 TurnHandler = Callable[["Turn"], Awaitable[None]]
 OwnerHook = Callable[["OwnerContext"], Awaitable[None]]
+ReanchorHook = Callable[["SessionIdentity"], Awaitable[None]]
 StateMigration = Callable[[dict[str, JsonValue]], dict[str, JsonValue]]
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,6 +46,7 @@ class AgentDeclaration:
         self.state_schema = state_schema
         self.message_handler: TurnHandler | None = None
         self.owner_hook: OwnerHook | None = None
+        self.reanchor_hook: ReanchorHook | None = None
         self.tools: dict[str, ToolSpec] = {}
         self.migrations: dict[int, StateMigration] = {}
         self.nondeterministic_patterns: list[str] = []
@@ -58,6 +61,13 @@ class AgentDeclaration:
     def on_owner(self, fn: OwnerHook) -> OwnerHook:
         """Called when this instance becomes the owner: first start, recovery or promotion."""
         self.owner_hook = fn
+        return fn
+
+    def on_reanchor(self, fn: ReanchorHook) -> ReanchorHook:
+        """Called when a persona check found this version drifting from the session's
+        identity and the policy says ``reanchor``: re-read who the agent is (its name,
+        its principles) and act as it. The persona is probed again after it."""
+        self.reanchor_hook = fn
         return fn
 
     def tool(

@@ -6,7 +6,9 @@ API) are what tell it who it is now. So identity is re-read from ``identity_dir`
 every reconnect, never only remembered.
 
 Files: ``session``, ``instance``, ``gateway`` (base URL) and ``token`` (the
-session's agent token); optionally ``environment.json``, a JSON object of the
+session's agent token); optionally ``agent-name`` and ``agent-principles`` (a JSON
+list of strings: the session's identity, ``AgentSession.spec.identity``, which the
+persona check's re-anchor hook receives), and ``environment.json``, a JSON object of the
 environment variables of the place this instance is in (its listen address, its
 process inventory), which a process restored into that place applies — its own
 environment is the one it was checkpointed with.
@@ -15,11 +17,39 @@ environment is the one it was checkpointed with.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ENVIRONMENT_FILE = "environment.json"
+AGENT_NAME_FILE = "agent-name"
+PRINCIPLES_FILE = "agent-principles"
+
+
+@dataclass(frozen=True)
+class SessionIdentity:
+    """Who the session's agent is: its name and the principles it keeps, as the
+    session's spec says (``None`` and ``[]`` where it says nothing)."""
+
+    session: str
+    name: str | None = None
+    principles: list[str] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, directory: Path, session: str) -> SessionIdentity:
+        try:
+            name: str | None = (directory / AGENT_NAME_FILE).read_text().strip() or None
+        except FileNotFoundError:
+            name = None
+        try:
+            principles = json.loads((directory / PRINCIPLES_FILE).read_text() or "[]")
+        except FileNotFoundError:
+            principles = []
+        except ValueError as exc:
+            raise ValueError(f"{directory / PRINCIPLES_FILE} is not JSON: {exc}") from None
+        if not isinstance(principles, list) or not all(isinstance(p, str) for p in principles):
+            raise ValueError(f"{directory / PRINCIPLES_FILE} must be a JSON list of strings")
+        return cls(session=session, name=name, principles=principles)
 
 
 @dataclass(frozen=True)
@@ -70,10 +100,16 @@ class Identity:
         gateway: str,
         token: str,
         environment: Mapping[str, str] | None = None,
+        agent_name: str | None = None,
+        principles: Sequence[str] | None = None,
     ) -> None:
         directory.mkdir(parents=True, exist_ok=True)
         files = [("session", session), ("instance", instance), ("gateway", gateway)]
         files.append(("token", token))
+        if agent_name is not None:
+            files.append((AGENT_NAME_FILE, agent_name))
+        if principles is not None:
+            files.append((PRINCIPLES_FILE, json.dumps(list(principles))))
         if environment is not None:
             files.append((ENVIRONMENT_FILE, json.dumps(dict(environment))))
         for name, value in files:

@@ -13,6 +13,8 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from shadowpod.agent.compare import WindowLost, WindowNotReady
+from shadowpod.agent.identity import SessionIdentity
+from shadowpod.agent.persona import NoReanchorHook, probe, reanchor
 from shadowpod.agent.runtime import AgentRuntime, CheckpointRefused
 from shadowpod.agent.sandbox import MAX_GOLDEN_BYTES, replay_golden
 from shadowpod.api.agent import (
@@ -227,6 +229,43 @@ async def compare_report(request: web.Request) -> web.Response:
     return _json(report.model_dump(mode="json"))
 
 
+async def persona_probe(request: web.Request) -> web.Response:
+    """``{"message": TEXT}``: this instance's answer, in the sandbox, from its state."""
+    try:
+        asked = orjson.loads(await request.read())
+        message = asked["message"]
+        if not isinstance(message, str) or not message.strip():
+            raise ValueError("message must be a non-empty string")
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        return _error("BadRequest", f'expected {{"message": TEXT}}: {exc}', 400)
+    runtime = request.app[RUNTIME]
+    async with request.app[SANDBOX_LOCK]:
+        reply, meta = await probe(runtime.agent, runtime.folder.view(), message)
+    return _json(
+        {
+            "reply": reply,
+            "meta": meta,
+            "agent": runtime.agent.name,
+            "version": runtime.agent.version,
+            "instance": runtime.identity.instance,
+        }
+    )
+
+
+async def persona_reanchor(request: web.Request) -> web.Response:
+    """Call the agent's re-anchor hook with the session's identity (its files)."""
+    runtime = request.app[RUNTIME]
+    try:
+        identity = SessionIdentity.load(runtime.settings.identity_dir, runtime.session)
+    except ValueError as exc:
+        return _error("IdentityInvalid", str(exc), 409)
+    try:
+        await reanchor(runtime.agent, identity)
+    except NoReanchorHook as exc:
+        return _error("NoReanchorHook", str(exc), 409)
+    return _json({"reanchored": True, "name": identity.name, "principles": identity.principles})
+
+
 def make_status_app(runtime: AgentRuntime) -> web.Application:
     # The body limit is the sandbox's: every other request is small.
     app = web.Application(client_max_size=MAX_GOLDEN_BYTES)
@@ -242,4 +281,6 @@ def make_status_app(runtime: AgentRuntime) -> web.Application:
     app.router.add_post("/v1/sandbox/replay", sandbox_replay)
     app.router.add_post("/v1/compare/window", open_window)
     app.router.add_get("/v1/compare", compare_report)
+    app.router.add_post("/v1/sandbox/probe", persona_probe)
+    app.router.add_post("/v1/persona/reanchor", persona_reanchor)
     return app

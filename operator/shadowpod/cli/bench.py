@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 from rich.console import Console
@@ -22,6 +22,7 @@ from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 from shadowpod.cli.errors import fail, interrupted
 from shadowpod.cli.subject import agent_options, agent_under_test
+from shadowpod.gates.policy import JudgeKind
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_PG = "postgresql://127.0.0.1:5432/test"
@@ -271,10 +272,22 @@ def _print_migrate(report: dict[str, Any]) -> None:
 @click.option("--rate", default=200.0, show_default=True, type=click.FloatRange(min=1))
 @click.option("--migrations", default=3, show_default=True, type=click.IntRange(min=1))
 @click.option("--turns", default=5, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--judge",
+    type=click.Choice(["exact", "normalised", "tool_calls", "semantic"]),
+    default="semantic",
+    show_default=True,
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def gate(rate: float, migrations: int, turns: int, as_json: bool) -> None:
-    """Shadow compare's cost: client latency and migration time with and without it."""
-    config = GateBenchConfig(rate=rate, migrations=migrations, turns=turns)
+def gate(rate: float, migrations: int, turns: int, judge: str, as_json: bool) -> None:
+    """Shadow compare's cost: client latency and migration time with and without it,
+    migrations of each kind alternating in one run (``--migrations`` of each)."""
+    config = GateBenchConfig(
+        rate=rate,
+        migrations=migrations,
+        turns=turns,
+        judge=cast(JudgeKind, judge),
+    )
     try:
         report = eventloop.run(run_gate_bench(config), terminate_gracefully=True)
     except KeyboardInterrupt:
@@ -290,12 +303,16 @@ def gate(rate: float, migrations: int, turns: int, as_json: bool) -> None:
         click.echo(
             f"{key.replace('_', ' ')}: migrations {series['results']}, total p50 "
             f"{series['migration_total_s']['p50']:.3f} s; reply latency during migrations "
-            f"p50 {during['p50']} ms, p99 {during['p99']} ms ({during['messages']} messages); "
-            f"lost/duplicated/reordered {list(series['invariants'].values())}"
+            f"p50 {during['p50']} ms, p99 {during['p99']} ms ({during['messages']} messages)"
         )
+    gated = report["with_gate"]
+    click.echo(f"lost/duplicated/reordered {list(report['invariants'].values())}")
     click.echo(
         f"p99 with / without: {report['p99_ratio_during_migrations']}; "
-        f"added migration time p50: {report['added_migration_s_p50']} s"
+        f"added migration time p50: {report['added_migration_s_p50']} s; the gate's own "
+        f"overhead beyond its window p50 {gated['gate_overhead_ms']['p50']} ms "
+        f"(window p50 {gated['window_s']['p50']} s); the model loaded beforehand in "
+        f"{report['semantic_model_load_s']} s"
     )
 
 

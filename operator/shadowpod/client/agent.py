@@ -155,3 +155,33 @@ async def compare_report(
         return SandboxReport.model_validate_json(body)
     except ValidationError as exc:
         raise AgentAPIError(f"{base_url} answered with no sandbox report: {exc}") from exc
+
+
+PROBE_TIMEOUT: Final = aiohttp.ClientTimeout(total=60.0)
+
+
+async def persona_probe(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    message: str,
+    *,
+    timeout: aiohttp.ClientTimeout = PROBE_TIMEOUT,
+) -> str:
+    """The instance's reply to ``message``, answered in its sandbox from its state."""
+    body = await _answer(
+        http, "POST", f"{base_url}/v1/sandbox/probe", timeout=timeout, json={"message": message}
+    )
+    reply = orjson.loads(body).get("reply")
+    if not isinstance(reply, str):
+        raise AgentAPIError(f"{base_url} answered the probe with no reply")
+    return reply
+
+
+async def persona_reanchor(
+    http: aiohttp.ClientSession,
+    base_url: str,
+    *,
+    timeout: aiohttp.ClientTimeout = PROBE_TIMEOUT,
+) -> None:
+    """Have the instance call its agent's re-anchor hook."""
+    await _answer(http, "POST", f"{base_url}/v1/persona/reanchor", timeout=timeout)

@@ -26,6 +26,8 @@ from shadowpod.client.agent import (
     AgentAPIError,
     compare_report,
     open_compare_window,
+    persona_probe,
+    persona_reanchor,
     sandbox_replay,
 )
 from shadowpod.client.gateway import GatewayClient
@@ -33,9 +35,10 @@ from shadowpod.domain.entries import JournalEntry
 from shadowpod.engine.ports import CompareWindowLost, ValidationUnavailable
 from shadowpod.engine.record import ValidationSummary
 from shadowpod.gates.answers import TurnPair
-from shadowpod.gates.gate import build_judge, chat_model, evaluate
+from shadowpod.gates.gate import build_judge, chat_model, evaluate, shared_embedder
 from shadowpod.gates.golden import GoldenFile, GoldenInvalid
 from shadowpod.gates.llm import JudgeUnavailable
+from shadowpod.gates.persona import PersonaCheck, PersonaPolicy, Stage, judge_persona
 from shadowpod.gates.policy import GatePolicy
 from shadowpod.gates.replay import SandboxReport, live_pairs, pairs_of
 from shadowpod.gates.semantic import SemanticUnavailable
@@ -51,6 +54,17 @@ ANSWERS_POLL_S: Final = 0.01
 
 AddressOf = Callable[[str], Awaitable[str]]
 GoldenText = Callable[[str], Awaitable[str]]
+
+
+async def prepare_judge(gate: GatePolicy) -> None:
+    """Load what ``gate``'s judge needs (the semantic judge's embedding model, seconds
+    of CPU; one per process), so no migration waits for it: call it at start-up."""
+    if gate.judge != "semantic":
+        return
+    try:
+        await asyncio.to_thread(shared_embedder().load)
+    except SemanticUnavailable as exc:
+        raise ValidationUnavailable(f"the semantic judge cannot run: {exc}") from exc
 
 
 class ShadowValidator:
@@ -73,10 +87,13 @@ class ShadowValidator:
             await self._http.close()
             self._http = None
 
+    async def prepare(self, gate: GatePolicy) -> None:
+        await prepare_judge(gate)
+
     # --- the engine's Validator port --------------------------------------------------
 
     async def completed_turns(
-        self, session: str, *, instance: str, after_seq: int
+        self, session: str, *, instance: str, after_seq: int, up_to: int | None = None
     ) -> tuple[int, int]:
         count, last, cursor = 0, after_seq, after_seq
         while True:
@@ -85,6 +102,8 @@ class ShadowValidator:
                 turn = entry.payload.get("turn")
                 if entry.kind == "ack" and isinstance(turn, int) and turn > after_seq:
                     count, last = count + 1, entry.seq
+                    if count == up_to:
+                        return count, last
             if not entries or entries[-1].seq >= head:
                 return count, last
             cursor = entries[-1].seq
@@ -126,7 +145,51 @@ class ShadowValidator:
         report = await self._replay(instance, text)
         return await self._judge(pairs_of(recorded, report), report, image, gate, golden=golden)
 
+    async def persona(
+        self,
+        policy: PersonaPolicy,
+        *,
+        stage: Stage,
+        instance: str,
+        source: str,
+        baseline: str | None = None,
+    ) -> PersonaCheck:
+        if baseline is None:
+            baseline = await self._probe(source, policy.probe)
+        reply = await self._probe(instance, policy.probe)
+        gate = GatePolicy(judge=policy.judge, similarity=policy.similarity, tool_calls=False)
+        try:
+            judge = build_judge(gate)
+            return await judge_persona(
+                judge,
+                stage=stage,
+                instance=instance,
+                probe=policy.probe,
+                baseline=baseline,
+                reply=reply,
+            )
+        except (SemanticUnavailable, ValueError) as exc:
+            raise ValidationUnavailable(
+                f"the persona's {policy.judge} judge cannot run: {exc}"
+            ) from exc
+
+    async def reanchor(self, instance: str) -> None:
+        base_url = await self.address_of(instance)
+        try:
+            await persona_reanchor(self.http, base_url)
+        except AgentAPIError as exc:
+            raise ValidationUnavailable(f"{instance!r} could not re-anchor: {exc}") from exc
+
     # --- below ------------------------------------------------------------------------
+
+    async def _probe(self, instance: str, message: str) -> str:
+        base_url = await self.address_of(instance)
+        try:
+            return await persona_probe(self.http, base_url, message)
+        except AgentAPIError as exc:
+            raise ValidationUnavailable(
+                f"{instance!r} could not answer the persona probe: {exc}"
+            ) from exc
 
     async def _replay(self, instance: str, text: str) -> SandboxReport:
         base_url = await self.address_of(instance)

@@ -28,6 +28,7 @@ from typing import Any, Final, TypeVar
 
 from shadowpod.domain.errors import SchemaTooNew, ShadowpodError
 from shadowpod.engine.fence_checks import bumped_to_target, fence_found, lift_stale_fence
+from shadowpod.engine.persona import check_persona, persona_checked
 from shadowpod.engine.ports import (
     Checkpointer,
     CheckpointRestoreUnsupported,
@@ -455,7 +456,9 @@ class MigrationEngine:
             record=record,
         )
         # Validated once: a fence retry comes back through CatchingUp.
-        validate = spec.policy.validation is not None and record.validation is None
+        validate = (spec.policy.validation is not None and record.validation is None) or (
+            spec.policy.persona is not None and not persona_checked(record, "restore")
+        )
         return self._enter(
             record,
             Phase.VALIDATING if validate else Phase.FENCING,
@@ -470,11 +473,17 @@ class MigrationEngine:
         answers; fence, or roll back with ``ValidationFailed`` — the source serving
         all along, the session untouched."""
         spec = record.spec
-        policy = spec.policy.validation
-        assert policy is not None
         if self.validator is None:
             raise StepFailed("this engine's runtime cannot validate (no validator given)")
         validator = self.validator
+        if spec.policy.persona is not None and not persona_checked(record, "restore"):
+            record, drift = await check_persona(validator, record, "restore")
+            await self.records.save(record)
+            if drift is not None:
+                return self._failed(record, drift)
+        policy = spec.policy.validation
+        if policy is None:
+            return self._enter(record, Phase.FENCING)
         if policy.goldens and not record.golden_validations:
             verdicts = [
                 await validator.replay_golden(
@@ -539,12 +548,15 @@ class MigrationEngine:
         assert policy is not None
         after = record.validation_from
         assert after is not None
-        delays = self._delays(slowest=0.2)
+        # Polled as fast as other waits: a full window noticed late is migration time.
+        delays = self._delays()
         while True:
             await self._alive(spec.target.name, "shadow")
             await self._alive(spec.source.name, "source")
+            # The policy's number of turns, judged: more that came meanwhile are not
+            # waited for nor judged (each costs the judge time after the window).
             count, to_seq = await validator.completed_turns(
-                spec.session, instance=spec.target.name, after_seq=after
+                spec.session, instance=spec.target.name, after_seq=after, up_to=policy.turns
             )
             if count >= policy.turns or self._clock() > waiting_since + policy.timeout_s:
                 break
@@ -630,7 +642,7 @@ class MigrationEngine:
                     f"the new owner {spec.target.name!r} did not take over epoch {epoch}: {how}"
                 )
             if status.alive and status.serving and status.epoch == epoch:
-                return self._enter(record, Phase.DRAINING)
+                return self._enter(await self._promoted_persona(record), Phase.DRAINING)
             if not status.alive:
                 # The normal recovery path: a new instance from the latest snapshot.
                 await self.runtime.start(
@@ -652,6 +664,22 @@ class MigrationEngine:
             if self._clock() > deadline:
                 raise PhaseTimedOut(f"the new owner did not take over epoch {epoch} in time")
             await asyncio.sleep(next(delays))
+
+    async def _promoted_persona(self, record: MigrationRecord) -> MigrationRecord:
+        """The new owner's persona probe, when the policy asks: kept in the record;
+        after the fence nothing it finds (nor its failing) undoes the migration."""
+        if (
+            record.spec.policy.persona is None
+            or self.validator is None
+            or persona_checked(record, "promotion")
+        ):
+            return record
+        try:
+            record, _ = await check_persona(self.validator, record, "promotion")
+        except (ShadowpodError, OSError, TimeoutError) as exc:
+            note = f"the new owner's persona probe could not be made: {exc}"
+            return record.model_copy(update={"notes": [*record.notes, note]})
+        return record
 
     async def _draining(self, record: MigrationRecord) -> MigrationRecord:
         spec, policy = record.spec, record.spec.policy

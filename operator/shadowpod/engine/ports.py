@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.domain.ownership import Ownership
 from shadowpod.engine.record import MigrationRecord, ValidationSummary
+from shadowpod.gates.persona import PersonaCheck, PersonaPolicy, Stage
 from shadowpod.gates.policy import GatePolicy
 
 
@@ -265,10 +266,11 @@ class Validator(Protocol):
         ...
 
     async def completed_turns(
-        self, session: str, *, instance: str, after_seq: int
+        self, session: str, *, instance: str, after_seq: int, up_to: int | None = None
     ) -> tuple[int, int]:
-        """How many turns whose inbound came after ``after_seq`` the owner finished,
-        and the seq of the last one's ack (``after_seq`` when none)."""
+        """How many turns whose inbound came after ``after_seq`` the owner finished
+        (counting at most ``up_to``), and the seq of the last one counted's ack
+        (``after_seq`` when none)."""
         ...
 
     async def compare(
@@ -290,4 +292,23 @@ class Validator(Protocol):
         self, golden: str, image: str, *, instance: str, gate: GatePolicy
     ) -> ValidationSummary:
         """The shadow answers a golden session in a sandbox; the gate's judge compares."""
+        ...
+
+    async def persona(
+        self,
+        policy: PersonaPolicy,
+        *,
+        stage: Stage,
+        instance: str,
+        source: str,
+        baseline: str | None = None,
+    ) -> PersonaCheck:
+        """Probe ``instance`` with ``policy.probe`` in its sandbox and judge its answer
+        against ``baseline``, or, when there is none yet, against the answer of
+        ``source`` (probed the same way)."""
+        ...
+
+    async def reanchor(self, instance: str) -> None:
+        """Have ``instance`` call its agent's re-anchor hook with the session's
+        identity; ``ValidationUnavailable`` when it has none."""
         ...

@@ -12,6 +12,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from shadowpod.gates.persona import PersonaCheck, PersonaPolicy
 from shadowpod.gates.policy import GatePolicy
 
 
@@ -105,6 +106,11 @@ class MigrationPolicy(BaseModel):
     validation: ValidationPolicy | None = Field(
         default=None, description="An upgrade gate before the fence (shadow compare)."
     )
+    persona: PersonaPolicy | None = Field(
+        default=None,
+        description="Probe the shadow's identity after its restore and the new owner's "
+        "after its promotion (shadowpod.gates.persona).",
+    )
 
 
 class InstanceRef(BaseModel):
@@ -180,6 +186,7 @@ class MigrationRecord(BaseModel):
     validation_from: int | None = None
     validation: ValidationSummary | None = None
     golden_validations: list[ValidationSummary] = Field(default_factory=list)
+    persona_checks: list[PersonaCheck] = Field(default_factory=list)
     recoveries: int = 0
     failed_phase: Phase | None = None
     reason: str | None = Field(

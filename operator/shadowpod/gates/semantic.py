@@ -55,12 +55,25 @@ class MiniLMEmbedder:
                     "pip install 'shadowpod[semantic]' (or use judge: normalised)"
                 ) from exc
             _quiet_progress_bars()
+            _one_thread()
             self._model = package.load_model(device="cpu")
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         self.load()
         vectors = self._model.encode(list(texts), normalize_embeddings=True)
         return [[float(x) for x in vector] for vector in vectors]
+
+
+def _one_thread() -> None:
+    """One intra-op thread: a judge shares the cores with the agents it judges, and
+    PyTorch's threads spin while they wait for each other. On the shared 2-core
+    machine, 30 short replies took 2.4-3.3 s to embed with two threads, 0.36-0.48 s
+    with one (bench/README.md, "Upgrade gate")."""
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError:
+        return
+    torch.set_num_threads(1)
 
 
 def _quiet_progress_bars() -> None:
@@ -98,19 +111,30 @@ class SemanticJudge:
         self.tool_calls = tool_calls
 
     async def judge(self, pairs: Sequence[TurnPair]) -> list[TurnVerdict]:
-        texts: list[str] = []
-        for pair in pairs:
-            texts += [self.normaliser.text(pair.expected.text), self.normaliser.text(pair.got.text)]
-        vectors = await asyncio.to_thread(self.embedder.embed, texts) if texts else []
+        texts = [
+            (self.normaliser.text(pair.expected.text), self.normaliser.text(pair.got.text))
+            for pair in pairs
+        ]
+        # Only replies that differ once normalised need the model, each text once: a
+        # version that answers as the source did costs no embedding at all.
+        differing = sorted(
+            {t for expected, got in texts if expected != got for t in (expected, got) if t}
+        )
+        vectors = (
+            dict(
+                zip(differing, await asyncio.to_thread(self.embedder.embed, differing), strict=True)
+            )
+            if differing
+            else {}
+        )
         verdicts = []
-        for n, pair in enumerate(pairs):
-            expected, got = texts[2 * n], texts[2 * n + 1]
+        for pair, (expected, got) in zip(pairs, texts, strict=True):
             if expected == got:
                 similarity = 1.0
             elif not expected or not got:
                 similarity = 0.0
             else:
-                similarity = cosine(vectors[2 * n], vectors[2 * n + 1])
+                similarity = cosine(vectors[expected], vectors[got])
             calls = (
                 compare_calls(pair.expected.tool_calls, pair.got.tool_calls, self.normaliser)
                 if self.tool_calls

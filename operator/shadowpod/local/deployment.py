@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from shadowpod.agent.identity import SessionIdentity
 from shadowpod.api.models import CreateSession, CredentialSpec, ScheduleSpec
 from shadowpod.client.control import GatewayControl
 from shadowpod.client.gateway import GatewayClient
@@ -100,8 +101,10 @@ class LocalDeployment:
         instance: str,
         credentials: Sequence[str] = (),
         schedules: Sequence[ScheduleSpec] = (),
+        identity: SessionIdentity | None = None,
     ) -> str:
-        """Create ``session`` and start its first owner (epoch 1). Returns the agent token."""
+        """Create ``session`` and start its first owner (epoch 1). Returns the agent
+        token. ``identity``: who the agent is (its name and principles), as files."""
         created, _ = await start_session(
             self.admin,
             CreateSession(
@@ -116,7 +119,7 @@ class LocalDeployment:
         )
         if created.agent_token is None:  # only a caller that sent a token hash gets none
             raise RuntimeError("the gateway returned no agent token for a session it made")
-        self.runtime.register_session(session, created.agent_token)
+        self.runtime.register_session(session, created.agent_token, identity)
         await self.runtime.start(
             InstanceSpec(
                 name=instance, image=image, session=session, mode="owner", epoch=FIRST_EPOCH

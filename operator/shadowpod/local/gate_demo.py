@@ -56,10 +56,15 @@ def gate_policy(gate: GatePolicy, *, turns: int = 3, timeout_s: float = 20) -> M
 
 
 async def attempt_upgrade(
-    dep: LocalDeployment, owner: InstanceRef, target_image: str, policy: MigrationPolicy
+    dep: LocalDeployment,
+    owner: InstanceRef,
+    target_image: str,
+    policy: MigrationPolicy,
+    *,
+    last: str = "what is my name?",
 ) -> GateAttempt:
     """Migrate ``owner``'s session to ``target_image`` while a client asks questions;
-    then one more question, and who answered it."""
+    then one more question (``last``), and who answered it."""
     async with dep.client() as client:
         record = dep.plan(SESSION, source=owner, target_image=target_image, policy=policy)
         migration = asyncio.create_task(dep.migrate(record))
@@ -69,15 +74,15 @@ async def attempt_upgrade(
             sent.append((await client.post_message(SESSION, text)).seq)
             await asyncio.wait({migration}, timeout=0.2)
         result = await migration
-        sent.append((await client.post_message(SESSION, "what is my name?")).seq)
+        sent.append((await client.post_message(SESSION, last)).seq)
         replies = await _replies_to(dep, sent)
-    last = replies[sent[-1]][0]
+    answer = replies[sent[-1]][0]
     return GateAttempt(
         record=result,
         sent=sent,
         replies_per_turn={seq: len(found) for seq, found in replies.items()},
-        last_reply=str(last.payload["content"]),
-        last_by=str(last.payload.get("meta", {}).get("instance")),
+        last_reply=str(answer.payload["content"]),
+        last_by=str(answer.payload.get("meta", {}).get("instance")),
     )
 
 
@@ -113,6 +118,7 @@ async def run_gate_demo(workdir: Path, gate: GatePolicy | None = None) -> list[G
     """The forgetful upgrade, then the reworded one, on one session."""
     gate = gate or GatePolicy(judge="semantic")
     async with LocalDeployment(workdir, reference_images()) as dep:
+        await dep.validator.prepare(gate)  # the judge's model, before any migration
         await start_session(dep)
         rejected = await attempt_upgrade(dep, SOURCE, REJECTED, gate_policy(gate))
         owner = (

@@ -108,7 +108,8 @@ def reference_images(heartbeat_s: float = 0.0) -> ImageMap:
 
     ``refagent:v2-b`` is v2 under another tag: a move that is not an upgrade.
     ``refagent:v2-reworded`` and ``refagent:v2-forgetful`` are v2 saying the same in
-    other words, and v2 regressed (it forgets the user's name): upgrade gates' tests.
+    other words, and v2 regressed (it forgets the user's name); ``refagent:v2-renamed``
+    calls itself by another name (the persona check's): upgrade gates' tests.
     """
     env = {"REFAGENT_HEARTBEAT_S": str(heartbeat_s)}
     script = "{examples}/01-reference-agent/refagent.py"
@@ -133,7 +134,7 @@ def reference_images(heartbeat_s: float = 0.0) -> ImageMap:
                         **v2,
                         "command": ["{python}", script, "--version", "2", "--variant", variant],
                     }
-                    for variant in ("reworded", "forgetful")
+                    for variant in ("reworded", "forgetful", "renamed")
                 },
             }
         }

@@ -34,7 +34,7 @@ from typing import Final
 
 import aiohttp
 
-from shadowpod.agent.identity import Identity
+from shadowpod.agent.identity import Identity, SessionIdentity
 from shadowpod.agent.processes import ProcessInventory
 from shadowpod.agent.settings import DESCRIBE_ENV
 from shadowpod.agent.termination import TERMINATION_LOG_ENV
@@ -123,10 +123,16 @@ class LocalRuntime:
         self._making_spare = asyncio.Lock()
         self._reports: set[asyncio.Task[None]] = set()
         self._described: dict[str, ImageInfo] = {}  # what images' code said
+        self._identities: dict[str, SessionIdentity] = {}
 
-    def register_session(self, session: str, agent_token: str) -> None:
-        """The agent token instances of ``session`` present (given once at creation)."""
+    def register_session(
+        self, session: str, agent_token: str, identity: SessionIdentity | None = None
+    ) -> None:
+        """The agent token instances of ``session`` present (given once at creation),
+        and the session's identity, given to every instance as files."""
         self._tokens[session] = agent_token
+        if identity is not None:
+            self._identities[session] = identity
 
     def instance(self, name: str) -> LocalInstance | None:
         return self._instances.get(name)
@@ -224,12 +230,15 @@ class LocalRuntime:
         if spec.session not in self._tokens:
             raise RuntimeFailure(f"no agent token registered for session {spec.session!r}")
         home = self.workdir / "instances" / spec.name
+        persona = self._identities.get(spec.session)
         Identity.write(
             home / "identity",
             session=spec.session,
             instance=spec.name,
             gateway=self.gateway_url,
             token=self._tokens[spec.session],
+            agent_name=None if persona is None else persona.name,
+            principles=None if persona is None else persona.principles,
         )
         host = self._allocate_host()
         tag = uuid.uuid4().hex
