@@ -250,7 +250,7 @@ def test_defaults_in_the_crd_are_the_models_defaults() -> None:
     model = MigrationPolicy()
     defaulted = {name: field["default"] for name, field in policy.items() if "default" in field}
     assert defaulted == model.to_kube()
-    assert set(policy) - set(defaulted) == {"validation"}  # an upgrade gate is asked for
+    assert set(policy) - set(defaulted) == {"validation", "persona"}  # gates are asked for
     assert spec["migration"]["default"] == {}
     gate = policy["validation"]["properties"]
     # Lists default to absent in the CRD and to empty in the models: the same to both.

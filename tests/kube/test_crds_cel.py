@@ -360,6 +360,21 @@ CASES: Final = [
         refused="spec.validation: validation compares nothing",
     ),
     Case(
+        "a persona check that re-anchors",
+        edit(SESSION, {"spec.migration.persona": {"judge": "Semantic", "onDrift": "Reanchor"}}),
+    ),
+    Case(
+        "a persona check that would drift on a whim",
+        edit(SESSION, {"spec.migration.persona": {"onDrift": "Ignore"}}),
+        refused="onDrift",
+    ),
+    Case(
+        "a migration's persona check changed after its creation",
+        edit(MIGRATION, {"spec.persona": {"onDrift": "Rollback"}}),
+        old=edit(MIGRATION, {"spec.persona": {"onDrift": "Warn"}}),
+        refused="spec: persona is immutable",
+    ),
+    Case(
         "a migration's gate changed after its creation",
         edit(MIGRATION, {"spec.validation": {"turns": 3}}),
         old=edit(MIGRATION, {"spec.validation": {"turns": 5}}),

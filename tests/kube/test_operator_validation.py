@@ -249,3 +249,28 @@ async def test_a_validation_policy_the_gate_cannot_use_is_said_and_starts_nothin
     assert nothing.exit_code == 2 and "compared no answers" in nothing.output
     unknown = await plugin(world, "diff", "g2-nope")
     assert unknown.exit_code == 2 and "AgentMigration 'g2-nope' not found" in unknown.output
+
+
+async def test_a_version_that_forgets_who_it_is_is_rolled_back_by_the_persona_check(
+    world: World,
+) -> None:
+    persona = {"judge": "Semantic", "onDrift": "Rollback"}
+    await world.apply(session_manifest("g3", image="refagent:v2", migration={"persona": persona}))
+    body = await world.wait_running("g3", epoch=1)
+    renamed = await bump(world, "g3", "refagent:v2-renamed")  # calls itself Rex
+    migration = await world.wait_finished(renamed)
+    status = migration["status"]
+    assert status["result"] == "RolledBack", status.get("message")
+    assert failed_reason(migration) == "PersonaDrift"
+    [probe] = status["persona"]
+    assert probe["stage"] == "restore" and probe["drifted"]
+    assert probe["instance"] == status["target"]["pod"]
+    assert "PersonaDrift" in await reasons(world, renamed)
+    assert "PersonaDrift" in await reasons(world, "g3")
+    assert (await world.wait_running("g3", epoch=1))["status"]["ownerPod"] == body["status"][
+        "ownerPod"
+    ]
+    assert (
+        sample(world, "shadowpod_migrations_rolled_back_by_validation_total", reason="PersonaDrift")
+        == 1
+    )

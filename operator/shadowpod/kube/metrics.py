@@ -137,13 +137,14 @@ class OperatorMetrics:
         self.validation_rollbacks = Counter(
             "shadowpod_migrations_rolled_back_by_validation",
             "Migrations an upgrade gate rolled back, by reason: ValidationFailed (the target"
-            " answered worse) or ValidationUnavailable (the comparison could not be made).",
+            " answered worse), ValidationUnavailable (the comparison could not be made) or"
+            " PersonaDrift (the target no longer says who the agent is).",
             ["reason"],
             registry=r,
         )
         # Both series exist from the start at 0: the first rollback is an increase an
         # alert can see, not a new series whose first sample is already 1.
-        for reason in ("ValidationFailed", "ValidationUnavailable"):
+        for reason in ("ValidationFailed", "ValidationUnavailable", "PersonaDrift"):
             self.validation_rollbacks.labels(reason=reason)
         self.build_info = Gauge(
             "shadowpod_build_info",

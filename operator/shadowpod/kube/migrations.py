@@ -31,6 +31,7 @@ from shadowpod.engine.record import (
     Phase,
 )
 from shadowpod.engine.record import ValidationPolicy as EngineValidation
+from shadowpod.gates.persona import PersonaPolicy as EnginePersona
 from shadowpod.kube import conditions, names, validation
 from shadowpod.kube.api import namespaced
 from shadowpod.kube.checkpoints import KubeletCheckpointer
@@ -55,7 +56,9 @@ TURN_POLL_S: Final = 1.0
 
 
 def engine_policy(
-    session: AgentSession, validation: EngineValidation | None = None
+    session: AgentSession,
+    validation: EngineValidation | None = None,
+    persona: EnginePersona | None = None,
 ) -> MigrationPolicy:
     policy = session.spec.migration
     return MigrationPolicy(
@@ -67,6 +70,7 @@ def engine_policy(
         drain_grace_s=policy.drain_grace_period_seconds,
         rollback_on_failure=policy.rollback_on_failure,
         validation=validation,
+        persona=persona,
     )
 
 
@@ -183,7 +187,8 @@ async def _engine(
             node=migration.spec.target.node_name,
         )
     validator = None
-    if record.spec.policy.validation is not None:
+    gates = record.spec.policy
+    if gates.validation is not None or gates.persona is not None:
         validator = ClusterValidator(
             ctx,
             records.migration,
@@ -192,7 +197,10 @@ async def _engine(
             target_image=record.spec.target.image,
             policy=validation.policy_of(session, migration, image_changes=True),
         )
-        if record.spec.policy.validation.gate.judge == "semantic":
+        judges: set[str] = {gates.persona.judge} if gates.persona is not None else set()
+        if gates.validation is not None:
+            judges.add(gates.validation.gate.judge)
+        if "semantic" in judges:
             warm_semantic_judge()
     return MigrationEngine(
         runtime, ctx.control, records, checkpointer=checkpointer, validator=validator
@@ -250,7 +258,9 @@ async def _new_record(
         target_node=await ctx.api.get(f"/api/v1/nodes/{target_node}") if target_node else None,
         target_node_name=target_node,
     )
-    policy = validation.policy_of(session, migration, image_changes=target_image != source_image)
+    changes = target_image != source_image
+    persona = validation.persona_of(session, migration, image_changes=changes)
+    policy = validation.policy_of(session, migration, image_changes=changes)
     gate = None
     if policy is not None:
         own = migration.spec.validation is not None
@@ -274,7 +284,9 @@ async def _new_record(
         strategy=choice.engine_strategy,
         fallback=choice.fallback,
         credentials=[c.name for c in session.spec.credentials],
-        policy=engine_policy(session, gate),
+        policy=engine_policy(
+            session, gate, None if persona is None else validation.engine_persona(persona)
+        ),
         reason=migration.spec.reason,
     )
     return MigrationRecord(spec=spec, strategy_note=choice.message)

@@ -25,7 +25,7 @@ from shadowpod.kube.models.v1alpha1.validation import WORST_SHOWN
 
 logger = logging.getLogger("shadowpod.operator")
 RECORD_ANNOTATION: Final = f"{names.PREFIX}/record"
-VALIDATION_REASONS: Final = ("ValidationFailed", "ValidationUnavailable")
+VALIDATION_REASONS: Final = ("ValidationFailed", "ValidationUnavailable", "PersonaDrift")
 # How a verdict names a disagreement: "turn 21 (score 0.77): why; source said …".
 _WORST: Final = re.compile(r"^turn (\d+) \(score ([0-9.]+)\): (.*?)(?:; source said |$)", re.S)
 RESULTS: Final = {
@@ -160,6 +160,17 @@ def status_of(record: MigrationRecord, *, generation: int | None, old: list[Any]
             "watermarkSeq": record.snapshot_watermark,
         },
         "validation": validation_status(record),
+        "persona": [
+            {
+                "stage": check.stage,
+                "instance": check.instance,
+                "drifted": check.drifted,
+                "scorePercent": _percent(check.score),
+                "reason": check.reason[:512],
+                "action": check.action or None,
+            }
+            for check in record.persona_checks[-8:]
+        ],
         "fenceAttempts": record.fence_attempts,
         "fence": None
         if record.fence is None
@@ -236,6 +247,16 @@ class MigrationRecords:
             new.append(record.validation)
         metrics = self.ctx.metrics
         name = self.migration["metadata"]["name"]
+        probed = 0 if before is None else len(before.persona_checks)
+        for check in record.persona_checks[probed:]:
+            if check.drifted:
+                said = (
+                    f"migration {name}: {check.instance} ({check.stage}) answered the persona"
+                    f" probe unlike the source: {check.reason}"
+                    + (f"; {check.action}" if check.action else "")
+                )
+                for obj in (self.migration, self.session):
+                    await self.ctx.event(obj, "Warning", "PersonaDrift", said)
         for verdict in new:
             source = "golden" if verdict.golden is not None else "live"
             metrics.validation_turns.labels(judge=verdict.judge, source=source).inc(

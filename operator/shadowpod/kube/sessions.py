@@ -37,7 +37,7 @@ from shadowpod.kube.api import AlreadyExists, namespaced
 from shadowpod.kube.comparisons import warm_semantic_judge
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
-from shadowpod.kube.models.v1alpha1 import AgentSession, Judge, SessionCondition
+from shadowpod.kube.models.v1alpha1 import AgentSession, Judge, PersonaJudge, SessionCondition
 from shadowpod.kube.models.v1alpha1.policy import EvictionStrategy
 from shadowpod.kube.runtime import image_problem
 from shadowpod.sessions.tokens import new_token, token_hash
@@ -93,9 +93,12 @@ async def problems(ctx: OperatorContext, session: AgentSession) -> list[Problem]
                     f" {ref.name!r}, which has no such key: add it or correct secretRef.key",
                 )
             )
+    persona = session.spec.migration.persona
+    if persona is not None and persona.judge is PersonaJudge.SEMANTIC:
+        warm_semantic_judge()  # before a change of image needs it
     if (policy := session.spec.migration.validation) is not None:
         if policy.gate.judge is Judge.SEMANTIC:
-            warm_semantic_judge()  # before a change of image needs it
+            warm_semantic_judge()
         field = "spec.migration.validation"
         if said := await validation.policy_problems(ctx, namespace, policy, field=field):
             found.append(

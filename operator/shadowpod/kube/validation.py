@@ -20,13 +20,16 @@ import base64
 import binascii
 import hashlib
 import os
-from typing import Final
+from typing import Final, Literal
 
 from pydantic import ValidationError
 
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.ports import RuntimeUnavailable
 from shadowpod.engine.record import ValidationPolicy as EngineValidation
+from shadowpod.gates.persona import DEFAULT_PROBE
+from shadowpod.gates.persona import OnDrift as EngineOnDrift
+from shadowpod.gates.persona import PersonaPolicy as EnginePersona
 from shadowpod.gates.policy import GatePolicy as EngineGate
 from shadowpod.gates.policy import JudgeKind, LLMEndpoint
 from shadowpod.kube import names
@@ -36,6 +39,9 @@ from shadowpod.kube.models.v1alpha1 import (
     AgentMigration,
     AgentSession,
     Judge,
+    OnDrift,
+    PersonaJudge,
+    PersonaPolicy,
     SecretKeyReference,
     ValidationPolicy,
 )
@@ -46,6 +52,16 @@ JUDGES: Final[dict[Judge, JudgeKind]] = {
     Judge.TOOL_CALLS: "tool_calls",
     Judge.SEMANTIC: "semantic",
     Judge.LLM: "llm",
+}
+PERSONA_JUDGES: Final[dict[PersonaJudge, Literal["exact", "normalised", "semantic"]]] = {
+    PersonaJudge.EXACT: "exact",
+    PersonaJudge.NORMALISED: "normalised",
+    PersonaJudge.SEMANTIC: "semantic",
+}
+ON_DRIFT: Final[dict[OnDrift, EngineOnDrift]] = {
+    OnDrift.WARN: "warn",
+    OnDrift.REANCHOR: "reanchor",
+    OnDrift.ROLLBACK: "rollback",
 }
 KEY_ENV_PREFIX: Final = "SHADOWPOD_JUDGE_KEY_"
 
@@ -69,6 +85,24 @@ def policy_of(
     if migration.spec.validation is not None:
         return migration.spec.validation
     return session.spec.migration.validation if image_changes else None
+
+
+def persona_of(
+    session: AgentSession, migration: AgentMigration, *, image_changes: bool
+) -> PersonaPolicy | None:
+    """The persona check ``migration`` runs: its own, else the session's on an image change."""
+    if migration.spec.persona is not None:
+        return migration.spec.persona
+    return session.spec.migration.persona if image_changes else None
+
+
+def engine_persona(policy: PersonaPolicy) -> EnginePersona:
+    return EnginePersona(
+        probe=policy.probe or DEFAULT_PROBE,
+        judge=PERSONA_JUDGES[policy.judge],
+        similarity=policy.similarity_percent / 100,
+        on_drift=ON_DRIFT[policy.on_drift],
+    )
 
 
 def key_env(namespace: str, ref: SecretKeyReference) -> str:

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field, StringConstraints, field_validator
 
 from shadowpod.engine.record import TERMINAL, Phase
 from shadowpod.kube.models.base import (
+    ATOMIC_LIST,
     DNS1123_LABEL,
     REASON_PATTERN,
     Count,
@@ -29,7 +30,12 @@ from shadowpod.kube.models.conditions import Condition, one_per_type
 from shadowpod.kube.models.core import ObjectName
 from shadowpod.kube.models.resource import AGE, CustomResource, PrinterColumn, ResourceDefinition
 from shadowpod.kube.models.v1alpha1.policy import MigrationPolicy, MigrationStrategy
-from shadowpod.kube.models.v1alpha1.validation import ValidationPolicy, ValidationStatus
+from shadowpod.kube.models.v1alpha1.validation import (
+    PersonaPolicy,
+    PersonaStatus,
+    ValidationPolicy,
+    ValidationStatus,
+)
 from shadowpod.kube.models.v1alpha1.version import API_VERSION, CATEGORIES, GROUP, VERSION
 
 # The phases a migration ends in, in the engine's order, for CEL's list literals.
@@ -113,6 +119,7 @@ class AgentMigrationSpec(KubeModel):
             ),
             _immutable_optional("strategy"),
             _immutable_optional("validation"),
+            _immutable_optional("persona"),
         )
     )
 
@@ -131,6 +138,11 @@ class AgentMigrationSpec(KubeModel):
         default=None,
         description="The upgrade gate for this migration; unset takes the session's"
         " (spec.migration.validation), which only a change of image runs.",
+    )
+    persona: PersonaPolicy | None = Field(
+        default=None,
+        description="The persona check for this migration; unset takes the session's"
+        " (spec.migration.persona), which only a change of image runs.",
     )
 
 
@@ -225,6 +237,12 @@ class AgentMigrationStatus(KubeModel):
     snapshot: SnapshotStatus | None = None
     validation: ValidationStatus | None = Field(
         default=None, description="The upgrade gate's verdict, when the migration ran one."
+    )
+    persona: list[PersonaStatus] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra=ATOMIC_LIST,
+        description="The persona probes made, in order.",
     )
     fence_attempts: Count = 0
     fence: FenceStatus | None = None

@@ -13,7 +13,7 @@ from enum import StrEnum
 from pydantic import ConfigDict, Field
 
 from shadowpod.kube.models.base import Bool, Integer, KubeModel, Rule, validations
-from shadowpod.kube.models.v1alpha1.validation import ValidationPolicy
+from shadowpod.kube.models.v1alpha1.validation import PersonaPolicy, ValidationPolicy
 
 
 class MigrationStrategy(StrEnum):
@@ -113,4 +113,9 @@ class MigrationPolicy(KubeModel):
         default=None,
         description="An upgrade gate before the fence, for migrations that change the image"
         " (a move to another node keeps the image and is not validated).",
+    )
+    persona: PersonaPolicy | None = Field(
+        default=None,
+        description="A persona check for migrations that change the image: the shadow's"
+        " and the new owner's answers to a self-description probe against the source's.",
     )

@@ -10,7 +10,7 @@ anyone who may read the session.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Final
+from typing import Annotated, Final, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints
 
@@ -153,6 +153,42 @@ class ValidationPolicy(KubeModel):
     )
 
 
+class PersonaJudge(StrEnum):
+    EXACT = "Exact"
+    NORMALISED = "Normalised"
+    SEMANTIC = "Semantic"
+
+
+class OnDrift(StrEnum):
+    """What a persona drift does: Warn (kept in the status), Reanchor (the agent's
+    re-anchor hook is called with the session's identity, then probed again), Rollback
+    (before the fence: the migration rolls back with PersonaDrift; after it, a warning)."""
+
+    WARN = "Warn"
+    REANCHOR = "Reanchor"
+    ROLLBACK = "Rollback"
+
+
+class PersonaPolicy(KubeModel):
+    """The persona check: the shadow after its restore, and the new owner after its
+    promotion, answer a self-description probe; a judge compares each answer with the
+    source's answer to the same probe (spec.identity is who the agent should be)."""
+
+    probe: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="What the agent is asked; unset: its name and its principles.",
+    )
+    judge: PersonaJudge = Field(
+        default=PersonaJudge.SEMANTIC, description="Exact, Normalised or Semantic."
+    )
+    similarity_percent: Integer = Field(
+        default=85, ge=0, le=100, description="Semantic: the similarity an answer needs."
+    )
+    on_drift: OnDrift = Field(default=OnDrift.WARN, description="Warn, Reanchor or Rollback.")
+
+
 # --- what it found (the AgentMigration's status) ---------------------------------------
 
 
@@ -210,3 +246,16 @@ class ValidationStatus(KubeModel):
         description="The ConfigMap with every compared turn's answers, old and new.",
     )
     message: str | None = Field(default=None, max_length=2048)
+
+
+class PersonaStatus(KubeModel):
+    """One persona probe: after the restore (the shadow) or after the promotion."""
+
+    stage: Literal["restore", "promotion"]
+    instance: str = Field(max_length=253)
+    drifted: Bool
+    score_percent: Integer = Field(ge=0, le=100)
+    reason: str = Field(max_length=512)
+    action: str | None = Field(
+        default=None, max_length=64, description="warned, reanchored or rolled back."
+    )
