@@ -107,7 +107,12 @@ def validation_status(record: MigrationRecord) -> dict[str, Any] | None:
             for v in goldens
         ],
         "answers": names.validation_answers(record.spec.id.partition("/")[2]),
-        "message": (failing or live or first).message[:2048] or None,
+        "message": (
+            (failing or live or first).message
+            if failing is not None or live_done
+            else f"{len(goldens)} golden session(s) passed; the live turns are being compared"
+        )[:2048]
+        or None,
     }
     return status
 

@@ -421,7 +421,12 @@ def status_patch(body: dict[str, Any], seen: Observed) -> dict[str, Any]:
             "True",
             last.get("reason") or "MigrationFailed",
             f"AgentMigration {last.get('name')} {last.get('result')}: the session stays on"
-            f" {seen.image}; kubectl describe agm {last.get('name')} says why",
+            f" {seen.image}; kubectl describe agm {last.get('name')} says why"
+            + (
+                f" (kubectl shadowpod diff {last.get('name')}: both versions' answers)"
+                if last.get("reason") == "ValidationFailed"
+                else ""
+            ),
         )
     else:
         degraded = ("False", "AsExpected", "nothing needs attention")
