@@ -37,15 +37,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy examples/01-reference-agent
 	$(BIN)/mypy examples/03-langgraph
 
-# The operator's tests (tests/kube) run in a pytest process of their own: their Kopf
-# threads and emulators must not be collected, or still be winding down, during the
-# memory- and timing-sensitive tests of other rooms. An aiohttp session that one of
-# their threads leaves open is reported when collected, not failed
-# (docs/known-limits.md: one source found and fixed, a rarer one not yet).
+# The operator's tests (tests/kube) run in a pytest process of their own, beside the
+# rest (hack/test says why both).
 test: lint typecheck bytecode
-	$(BIN)/pytest --ignore=tests/kube
-	$(BIN)/pytest tests/kube -W "ignore:Unclosed connector:ResourceWarning" \
-		-W "ignore:Unclosed client session:ResourceWarning"
+	BIN=$(BIN) hack/test
 
 # A live migration of an agent session under load, on this machine (no cluster).
 demo: bytecode

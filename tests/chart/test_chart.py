@@ -332,6 +332,39 @@ async def test_rbac_with_criu_grants_node_proxy_create_only(helm: Helm) -> None:
     rendered = await helm.install({"operator": {"criu": True}})
     cluster = rules_of(rendered, "ClusterRole", f"{OPERATOR}-cluster")
     assert grants(cluster, "nodes/proxy") == {"create"}
+    sessions = rules_of(rendered, "ClusterRole", f"{OPERATOR}-sessions")
+    assert grants(sessions, "podcheckpoints") == {"create", "get", "delete", "restore"}
+    [rule] = [r for r in sessions if "podcheckpoints" in r["resources"]]
+    assert "node.k8s.io" in rule["apiGroups"]
+
+
+def test_rbac_without_criu_grants_no_pod_checkpoints(defaults: Rendered) -> None:
+    sessions = rules_of(defaults, "ClusterRole", f"{OPERATOR}-sessions")
+    assert grants(sessions, "podcheckpoints") == set()
+
+
+async def test_the_operator_deletes_checkpoint_images_with_the_registry_secret(
+    helm: Helm,
+) -> None:
+    rendered = await helm.install(
+        {
+            "operator": {
+                "criu": True,
+                "checkpointRegistry": "registry.internal:5000/checkpoints",
+                "checkpointRegistryInsecure": True,
+                "checkpointRegistryAuthSecret": "registry-delete",
+            }
+        }
+    )
+    container = rendered.container(OPERATOR)
+    args = container["args"]
+    authfile = args[args.index("--checkpoint-registry-authfile") + 1]
+    assert "--checkpoint-registry-insecure" in args
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "registry-auth"]
+    assert authfile == f"{mount['mountPath']}/.dockerconfigjson" and mount["readOnly"]
+    volumes = rendered.one("Deployment", OPERATOR)["spec"]["template"]["spec"]["volumes"]
+    [volume] = [v for v in volumes if v["name"] == "registry-auth"]
+    assert volume["secret"]["secretName"] == "registry-delete"
 
 
 async def test_rbac_with_watched_namespaces_is_roles_in_those_namespaces(helm: Helm) -> None:

@@ -79,6 +79,7 @@ class World:
         # The CRIU path: the operator's --criu and --checkpoint-registry.
         self.criu = False
         self.checkpoint_registry: str | None = None
+        self.checkpoint_registry_insecure = False
 
     def config(self) -> OperatorConfig:
         return OperatorConfig(
@@ -91,6 +92,7 @@ class World:
             deletion_attempts=3,
             criu=self.criu,
             checkpoint_registry=self.checkpoint_registry,
+            checkpoint_registry_insecure=self.checkpoint_registry_insecure,
         )
 
     async def start_operator(self) -> None:

@@ -142,3 +142,92 @@ def test_auto_takes_criu_only_where_it_can_work(
     assert choice.message  # always says why
     if choice.reason == "KernelTooNew":
         assert "criu#2718" in choice.message and CRIU_DUMPS_TCP_LABEL in choice.message
+
+
+KEP = "node.k8s.io/v1alpha1"
+
+
+@pytest.mark.parametrize(
+    ("requested", "kwargs", "wanted"),
+    [
+        # The served API is the cluster's word: no labels, registry or kernel rule.
+        (
+            MigrationStrategy.AUTO,
+            {
+                "target_node_name": None,
+                "registry": None,
+                "source_node": _node("n1", labelled=False),
+            },
+            ("CRIU", "PodCheckpointServed", "PodCheckpoint"),
+        ),
+        (
+            MigrationStrategy.AUTO,
+            {"target_node_name": "n1", "source_node": _node("n1", kernel="6.18.0")},
+            ("CRIU", "PodCheckpointServed", "PodCheckpoint"),
+        ),
+        (
+            MigrationStrategy.CRIU,
+            {"target_node_name": "n1"},
+            ("CRIU", "Requested", "PodCheckpoint"),
+        ),
+        # Its alpha restores only on the checkpoint's node: elsewhere, the kubelet API.
+        (MigrationStrategy.AUTO, {}, ("CRIU", "SameImage", "KubeletAPI")),
+        (MigrationStrategy.CRIU, {}, ("CRIU", "Requested", "KubeletAPI")),
+        (
+            MigrationStrategy.AUTO,
+            {
+                "target_node_name": None,
+                "source_node": {**_node("n1"), "spec": {"unschedulable": True}},
+            },
+            ("CRIU", "SameImage", "KubeletAPI"),
+        ),
+        (
+            MigrationStrategy.AUTO,
+            {"registry": None},
+            ("State", "NoCheckpointRegistry", None),
+        ),
+        # Never without --criu, never across images.
+        (MigrationStrategy.AUTO, {"criu_enabled": False}, ("State", "CheckpointDisabled", None)),
+        (
+            MigrationStrategy.AUTO,
+            {"target_image": "a:2", "target_node_name": None},
+            ("State", "ImageChange", None),
+        ),
+    ],
+)
+def test_a_served_pod_checkpoint_api_is_preferred_for_a_move_on_the_same_node(
+    requested: MigrationStrategy, kwargs: dict[str, Any], wanted: tuple[str, str, str | None]
+) -> None:
+    given: dict[str, Any] = {
+        "source_image": "a:1",
+        "target_image": "a:1",
+        "criu_enabled": True,
+        "registry": "registry.internal/ckpt",
+        "source_node": _node("n1"),
+        "target_node": _node("n2"),
+        "target_node_name": "n2",
+        "pod_checkpoints": KEP,
+        **kwargs,
+    }
+    choice = choose(requested, **given)
+    assert (choice.strategy, choice.reason, choice.mechanism) == wanted
+    if choice.mechanism == "PodCheckpoint":
+        assert KEP in choice.message
+    elif choice.reason in ("SameImage", "Requested", "NoCheckpointRegistry"):
+        # Why not the KEP's, said alongside the kubelet API's own reasons.
+        assert "restores only on the node that took the checkpoint" in choice.message
+
+
+def test_without_the_pod_checkpoint_api_nothing_is_said_of_it() -> None:
+    choice = choose(
+        MigrationStrategy.AUTO,
+        source_image="a:1",
+        target_image="a:1",
+        criu_enabled=True,
+        registry="registry.internal/ckpt",
+        source_node=_node("n1"),
+        target_node=None,
+        target_node_name=None,
+    )
+    assert (choice.strategy, choice.mechanism) == ("CRIU", "KubeletAPI")
+    assert "PodCheckpoint" not in choice.message

@@ -5,14 +5,11 @@ missing, or not as root (buildah's storage, like the kubelet's archives, is root
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import gzip
 import io
 import json
 import os
 import shutil
-import socket
 import stat
 import tarfile
 from collections.abc import AsyncIterator, Iterator
@@ -23,7 +20,7 @@ import pytest
 
 from shadowpod.kube import names
 from shadowpod.kube.nodeagent import NodeAgent, NodeAgentConfig
-from tests.kube.support import eventually
+from tests.kube.registry import local_registry
 
 pytestmark = pytest.mark.timeout(60)
 MISSING = [tool for tool in ("buildah", "docker-registry") if shutil.which(tool) is None]
@@ -37,50 +34,6 @@ elif os.geteuid() != 0:
 
 STAMP = "2026-11-25T21:50:00Z"
 MEMORY = b"sk-live-secret-token\x00" * 100  # what a memory page of the agent holds
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.asynccontextmanager
-async def local_registry(directory: Path, *, readonly: bool = False) -> AsyncIterator[str]:
-    """Debian's docker-registry on a loopback port; its ``host:port``. Read-only, it
-    refuses every push at once (405), as a registry the node may not write to."""
-    address = f"127.0.0.1:{_free_port()}"
-    config = directory / "registry.yml"
-    maintenance = "  maintenance:\n    readonly:\n      enabled: true\n" if readonly else ""
-    config.write_text(
-        "version: 0.1\n"
-        f"storage:\n  filesystem:\n    rootdirectory: {directory / 'registry'}\n{maintenance}"
-        f"http:\n  addr: {address}\n"
-        "log:\n  level: error\n"
-    )
-    process = await asyncio.create_subprocess_exec(
-        "docker-registry",
-        "serve",
-        str(config),
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    try:
-        async with aiohttp.ClientSession() as http:
-
-            async def up() -> bool:
-                try:
-                    async with http.get(f"http://{address}/v2/") as response:
-                        return response.status == 200
-                except aiohttp.ClientError:
-                    return False
-
-            await eventually(up, timeout=15, every=0.1)
-        yield address
-    finally:
-        process.terminate()
-        await process.wait()
 
 
 @pytest.fixture

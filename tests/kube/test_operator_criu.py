@@ -21,6 +21,7 @@ from tests.kube.emulator import ApiServerEmulator
 from tests.kube.emulator.kubelets import (
     CHECKPOINTS,
     FEATURE_GATE_OFF,
+    NODE_PROXY_FORBIDDEN,
     RUNTIME_UNIMPLEMENTED,
     CheckpointAnswer,
 )
@@ -262,6 +263,39 @@ async def test_a_runtime_that_will_not_restore_falls_back_or_rolls_back(
         assert status["failedPhase"] == "Restoring"
         await world.wait_running(name, epoch=1)
         await eventually(lambda: _only(world, name, source), timeout=30)
+
+
+@pytest.mark.parametrize("strategy", [None, "CRIU"], ids=["auto", "criu"])
+async def test_a_forbidden_node_proxy_says_to_enable_the_chart_switch(
+    criu_world: World, emulator: ApiServerEmulator, strategy: str | None
+) -> None:
+    """The API server answers 403 (no RBAC nodes/proxy create): a NodeProxyForbidden
+    Warning on the migration and the session saying to set operator.criu; Auto moves
+    the session on the state path, CRIU rolls back with that reason."""
+    world = criu_world
+    name = f"f{'a' if strategy is None else 'c'}"
+    source, here, there = await start_session(world, name)
+    await label_nodes(world, here, there)
+    emulator.kubelet_checkpoints[here] = NODE_PROXY_FORBIDDEN
+    await world.apply(move(f"move-{name}", name, there, strategy=strategy))
+    status = (await world.wait_finished(f"move-{name}"))["status"]
+    switch = "operator.criu=true"
+    if strategy is None:
+        assert (status["result"], status["strategy"]) == ("Succeeded", "State"), status
+        assert switch in status["strategyMessage"]
+        assert "fell back to the app-level state path" in status["strategyMessage"]
+        await world.wait_running(name, epoch=2)
+    else:
+        assert (status["result"], status["strategy"]) == ("RolledBack", "CRIU")
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert (failed["reason"], status["failedPhase"]) == ("NodeProxyForbidden", "Snapshotting")
+        assert switch in failed["message"]
+        assert 'cannot create resource "nodes/proxy"' in failed["message"]
+        body = await world.wait_running(name, epoch=1)
+        assert body["status"]["ownerPod"] == source
+    for obj in (f"move-{name}", name):
+        said = [(t, m) for t, r, m in await world.events(obj) if r == "NodeProxyForbidden"]
+        assert said and said[0][0] == "Warning" and switch in said[0][1], (obj, said)
 
 
 async def _only(world: World, session: str, pod: str) -> bool:

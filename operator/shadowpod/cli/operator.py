@@ -67,7 +67,8 @@ CANNOT_RUN = 1
     "--criu/--no-criu",
     default=False,
     show_default=True,
-    help="Allow the CRIU path: checkpoints through the kubelet API (RBAC nodes/proxy create).",
+    help="Allow the CRIU path: checkpoints through KEP-5823's PodCheckpoint where served, else"
+    " the kubelet API (RBAC nodes/proxy create).",
 )
 @click.option(
     "--checkpoint-registry",
@@ -75,6 +76,20 @@ CANNOT_RUN = 1
     default=None,
     help="Where the node agents push checkpoint images ([host[:port]/]path); the CRIU path"
     " needs it.",
+)
+@click.option(
+    "--checkpoint-registry-insecure/--no-checkpoint-registry-insecure",
+    default=False,
+    show_default=True,
+    help="Reach the checkpoint registry over plain HTTP (to delete checkpoint images).",
+)
+@click.option(
+    "--checkpoint-registry-authfile",
+    envvar="SHADOWPOD_CHECKPOINT_REGISTRY_AUTHFILE",
+    default=None,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The checkpoint registry's credentials (dockerconfigjson), to delete checkpoint"
+    " images once their migration has ended.",
 )
 @click.option(
     "--checkpoint-timeout",
@@ -109,6 +124,8 @@ def operator(
     kubeconfig: str | None,
     criu: bool,
     checkpoint_registry: str | None,
+    checkpoint_registry_insecure: bool,
+    checkpoint_registry_authfile: Path | None,
     checkpoint_timeout: int,
     reconcile_interval: float,
     log_level: str,
@@ -142,6 +159,8 @@ def operator(
         reconcile_interval_s=reconcile_interval,
         criu=criu,
         checkpoint_registry=checkpoint_registry or None,
+        checkpoint_registry_insecure=checkpoint_registry_insecure,
+        checkpoint_registry_authfile=checkpoint_registry_authfile,
         checkpoint_timeout_s=checkpoint_timeout,
     )
     try:

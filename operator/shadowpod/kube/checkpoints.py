@@ -7,9 +7,10 @@
   checkpoint-<pod>_<ns>-<container>-<timestamp>.tar"]}``. Its other answers mean the
   node cannot: 404 (the ``ContainerCheckpoint`` feature gate is off), 500 (the
   runtime does not implement checkpoints, or CRIU failed: its message says which),
-  403 (the operator may not use the node proxy) — each a
-  ``CheckpointRestoreUnsupported`` saying so, which ``strategy: Auto`` answers by
-  taking the app-level path and ``CRIU`` by rolling back.
+  403 (the operator may not use the node proxy: ``NodeProxyForbidden``, a Warning
+  event on the migration and its session saying to set the chart's ``operator.criu``)
+  — each a ``CheckpointRestoreUnsupported`` saying so, which ``strategy: Auto`` answers
+  by taking the app-level path and ``CRIU`` by rolling back.
 - **The archive becomes an image**: the node agent (``shadowpod node-agent``, a
   DaemonSet off by default) turns each archive into a checkpoint OCI image (annotated
   ``io.kubernetes.cri-o.annotations.checkpoint.name``), pushes it to the configured
@@ -21,6 +22,9 @@
   ``CheckpointRestoreUnsupported`` before any pod is made; a runtime that will not
   make the container (``CreateContainerError``: restore turned off) is
   ``CheckpointRestoreUnsupported`` once it says so, the pod removed.
+- **Discard** (a rollback, and ``release`` once the migration has ended): the image is
+  deleted from the registry (``registry.py``); a registry that will not is a Warning
+  event (``CheckpointImageNotDeleted``), never a failed migration.
 
 The watermark recorded is the agent's just before the dump: a lower bound of what
 the checkpointed process holds (it catches up from its own watermark once restored).
@@ -43,6 +47,7 @@ from shadowpod.kube import manifests, names
 from shadowpod.kube.api import AlreadyExists, namespaced
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.v1alpha1 import AgentSession
+from shadowpod.kube.registry import CheckpointImages, RegistryError
 from shadowpod.kube.runtime import PodRuntime
 from shadowpod.kube.strategies import CHECKPOINT_RESTORE_LABEL
 
@@ -52,6 +57,15 @@ RESTORE_REFUSED: Final = frozenset(
     {"CreateContainerError", "CreateContainerConfigError", "RunContainerError"}
 )
 RESTORE_POLL_S: Final = 0.25
+
+
+MECHANISM: Final = "KubeletAPI"
+
+
+class NodeProxyForbidden(CheckpointRestoreUnsupported):
+    """The API server refused the operator the node proxy (RBAC ``nodes/proxy``)."""
+
+    reason = "NodeProxyForbidden"
 
 
 def checkpoint_path(node: str, namespace: str, pod: str, container: str) -> str:
@@ -111,10 +125,13 @@ class KubeletCheckpointer:
                 " off); use the app-level state strategy, or enable the gate"
             )
         if status in (401, 403):
-            raise CheckpointRestoreUnsupported(
-                f"the API server refused the node proxy on {node} ({status}: {said}): the"
-                " operator needs nodes/proxy create (chart: operator.criu=true)"
+            refused = NodeProxyForbidden(
+                f"the API server refused the operator the kubelet checkpoint API on node"
+                f" {node} ({status}: {said}): it needs RBAC nodes/proxy create, which the chart"
+                " grants with operator.criu=true (helm upgrade --set operator.criu=true)"
             )
+            await self._warn(refused.reason, str(refused))
+            raise refused
         if status >= 500:
             raise CheckpointRestoreUnsupported(
                 f"the kubelet on node {node} could not checkpoint {source} ({status}: {said}):"
@@ -130,7 +147,12 @@ class KubeletCheckpointer:
             raise RuntimeFailure(
                 f"the kubelet on node {node} answered 200 without an archive: {said}"
             ) from exc
-        ref = {"node": node, "archive": archive, "image": names.checkpoint_image(registry, archive)}
+        ref = {
+            "mechanism": MECHANISM,
+            "node": node,
+            "archive": archive,
+            "image": names.checkpoint_image(registry, archive),
+        }
         return Checkpoint(
             ref=json.dumps(ref, sort_keys=True), watermark=before.watermark, dump_ms=dump_ms
         )
@@ -211,5 +233,32 @@ class KubeletCheckpointer:
             )
 
     async def discard(self, checkpoint: str) -> None:
-        """Nothing the operator can delete: the archive is the node agent's (deleted once
-        imaged), the image the registry's (its retention)."""
+        """Delete the checkpoint image from the registry (the archive is the node agent's,
+        deleted once imaged). One the registry does not have yet is left: the node agent
+        may still push it (docs/criu.md, what is left). A failure is a Warning event."""
+        image = json.loads(checkpoint)["image"]
+        config = self.ctx.config
+        images = CheckpointImages(
+            self.ctx.http,
+            insecure=config.checkpoint_registry_insecure,
+            authfile=config.checkpoint_registry_authfile,
+        )
+        try:
+            await images.delete(image)
+        except RegistryError as exc:
+            await self._warn(
+                RegistryError.reason,
+                f"the checkpoint image {image} (every memory page of the agent) could not be"
+                f" deleted: {exc}; delete it in the registry",
+            )
+
+    async def _warn(self, reason: str, message: str) -> None:
+        """A Warning event on the migration and its session."""
+        session = self.session.metadata.name or ""
+        if self.migration is not None:
+            await self.ctx.event_on(
+                "agentmigrations", self.namespace, self.migration, "Warning", reason, message
+            )
+        await self.ctx.event_on(
+            "agentsessions", self.namespace, session, "Warning", reason, message
+        )

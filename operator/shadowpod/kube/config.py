@@ -34,12 +34,24 @@ class OperatorConfig(BaseModel):
     )
     criu: bool = Field(
         default=False,
-        description="The CRIU path: checkpoints through the kubelet API (nodes/proxy create).",
+        description="The CRIU path: checkpoints through KEP-5823's PodCheckpoint where it is"
+        " served (podcheckpoints create, get, delete, restore), else the kubelet API"
+        " (nodes/proxy create).",
     )
     checkpoint_registry: str | None = Field(
         default=None,
         description="Where the node agents push checkpoint images ([host[:port]/]path), and"
         " so where restored pods pull them from; without it there is no CRIU path.",
+    )
+    checkpoint_registry_insecure: bool = Field(
+        default=False,
+        description="Reach the checkpoint registry's API over plain HTTP (a registry on a"
+        " private network), to delete checkpoint images.",
+    )
+    checkpoint_registry_authfile: Path | None = Field(
+        default=None,
+        description="The registry's credentials (a dockerconfigjson file), to delete"
+        " checkpoint images once their migration has ended.",
     )
     checkpoint_timeout_s: int = Field(
         default=60,

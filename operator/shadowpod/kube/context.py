@@ -98,3 +98,15 @@ class OperatorContext:
             await self.api.create(namespaced("events", meta["namespace"]), body)
         except ShadowpodError as exc:
             logger.warning("could not post event %s on %s: %s", reason, meta["name"], exc)
+
+    async def event_on(
+        self, plural: str, namespace: str, name: str, kind: EventType, reason: str, message: str
+    ) -> None:
+        """An event on the object ``plural``/``name``, read first (best effort too)."""
+        try:
+            obj = await self.api.get(namespaced(plural, namespace, name))
+        except ShadowpodError as exc:
+            logger.warning("could not post event %s on %s: %s", reason, name, exc)
+            return
+        if obj is not None:
+            await self.event(obj, kind, reason, message)

@@ -32,9 +32,8 @@ from shadowpod.engine.record import (
 )
 from shadowpod.engine.record import ValidationPolicy as EngineValidation
 from shadowpod.gates.persona import PersonaPolicy as EnginePersona
-from shadowpod.kube import conditions, names, validation
+from shadowpod.kube import checkpointers, conditions, names, podcheckpoints, validation
 from shadowpod.kube.api import namespaced
-from shadowpod.kube.checkpoints import KubeletCheckpointer
 from shadowpod.kube.comparisons import ClusterValidator, warm_semantic_judge
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
@@ -179,11 +178,13 @@ async def _engine(
     await runtime.learn_source(record.spec.source.name)
     checkpointer = None
     if ctx.config.criu:
-        checkpointer = KubeletCheckpointer(
+        name = migration.metadata.name or ""
+        checkpointer = checkpointers.ClusterCheckpointer(
             ctx,
             session,
             runtime,
-            migration=migration.metadata.name,
+            mechanism=await checkpointers.chosen(ctx, session.metadata.namespace or "", name),
+            migration=name,
             node=migration.spec.target.node_name,
         )
     validator = None
@@ -257,7 +258,13 @@ async def _new_record(
         source_node=await ctx.api.get(f"/api/v1/nodes/{source_node}") if source_node else None,
         target_node=await ctx.api.get(f"/api/v1/nodes/{target_node}") if target_node else None,
         target_node_name=target_node,
+        pod_checkpoints=await podcheckpoints.served(ctx.api) if ctx.config.criu else None,
     )
+    if choice.mechanism is not None:
+        await ctx.api.patch(
+            namespaced("agentmigrations", namespace, migration.metadata.name or ""),
+            {"metadata": {"annotations": {checkpointers.MECHANISM_ANNOTATION: choice.mechanism}}},
+        )
     changes = target_image != source_image
     persona = validation.persona_of(session, migration, image_changes=changes)
     policy = validation.policy_of(session, migration, image_changes=changes)
@@ -347,6 +354,8 @@ async def _finish(
         else round(record.fence_pause_ms),
     }
     status: dict[str, Any] = {"activeMigration": None, "lastMigration": summary}
+    if ctx.config.criu:
+        await checkpointers.release(ctx, session, summary["name"], record)
     if record.phase is Phase.SUCCEEDED:
         owner_labels = {names.ROLE_LABEL: names.OWNER_ROLE, names.MIGRATION_LABEL: None}
         await ctx.api.patch(

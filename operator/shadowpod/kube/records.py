@@ -25,6 +25,8 @@ from shadowpod.kube.models.v1alpha1.validation import WORST_SHOWN
 
 logger = logging.getLogger("shadowpod.operator")
 RECORD_ANNOTATION: Final = f"{names.PREFIX}/record"
+# The CRIU strategy's mechanism, as the strategy chose it (``checkpointers``).
+MECHANISM_ANNOTATION: Final = f"{names.PREFIX}/checkpoint-mechanism"
 VALIDATION_REASONS: Final = ("ValidationFailed", "ValidationUnavailable", "PersonaDrift")
 # How a verdict names a disagreement: "turn 21 (score 0.77): why; source said …".
 _WORST: Final = re.compile(r"^turn (\d+) \(score ([0-9.]+)\): (.*?)(?:; source said |$)", re.S)
@@ -233,6 +235,11 @@ class MigrationRecords:
         self.migration = patched
         old = (patched.get("status") or {}).get("conditions", [])
         status = status_of(record, generation=patched["metadata"].get("generation"), old=old)
+        if record.spec.strategy == "criu":
+            mechanism = (patched["metadata"].get("annotations") or {}).get(MECHANISM_ANNOTATION)
+            status["checkpointMechanism"] = mechanism or "KubeletAPI"
+        else:
+            status["checkpointMechanism"] = None
         patched_status = await self.ctx.api.patch(f"{self.path}/status", {"status": status})
         if patched_status is not None:
             self.migration = patched_status

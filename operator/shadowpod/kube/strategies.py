@@ -17,6 +17,13 @@ not otherwise:
   container, and CRIU 4.1 cannot dump a TCP socket on Linux 6.16 and later
   (checkpoint-restore/criu#2718); the process half's fork does not help here.
 
+Where the cluster serves KEP-5823's ``PodCheckpoint`` (API discovery), that is the
+cluster's word that its nodes checkpoint and restore pods, and CRIU goes through it
+(``mechanism`` ``PodCheckpoint``) instead of the kubelet API, the node labels, the
+kernel rule and the registry — for a move that stays on the source's node: the KEP's
+alpha restores a checkpoint only on the node that took it. A move to another node
+takes the kubelet API's path (``KubeletAPI``) as above, saying why not the KEP's.
+
 An ``Auto`` choice of CRIU may still fall back to the state path while it runs (the
 kubelet answers 404 or 500, the node cannot restore): ``fallback`` says it may.
 """
@@ -37,12 +44,16 @@ TCP_DUMP_BROKEN_FROM: Final = (6, 16)
 _KERNEL: Final = re.compile(r"^(\d+)\.(\d+)")
 
 
+Mechanism = Literal["PodCheckpoint", "KubeletAPI"]
+
+
 @dataclass(frozen=True)
 class StrategyChoice:
     strategy: Literal["State", "CRIU"]
     reason: str  # one CamelCase word
     message: str
     fallback: bool = False
+    mechanism: Mechanism | None = None  # how CRIU checkpoints, when it is CRIU
 
     @property
     def engine_strategy(self) -> Literal["shadow", "criu"]:
@@ -76,7 +87,9 @@ def choose(
     source_node: dict[str, Any] | None,
     target_node: dict[str, Any] | None,
     target_node_name: str | None,
+    pod_checkpoints: str | None = None,
 ) -> StrategyChoice:
+    """``pod_checkpoints``: the group version serving KEP-5823's PodCheckpoint, if any."""
     same_image = source_image == target_image
     if requested is MigrationStrategy.STATE:
         return StrategyChoice("State", "Requested", "strategy State: the app-level state path")
@@ -93,7 +106,12 @@ def choose(
                 " it cannot checkpoint, and the migration fails; use Auto or State"
             )
             return StrategyChoice("CRIU", "CheckpointDisabled", because)
-        return StrategyChoice("CRIU", "Requested", "strategy CRIU: a container checkpoint")
+        kep = _kep_blocked(pod_checkpoints, source_node, target_node_name)
+        if kep is None:
+            because = f"strategy CRIU: a pod checkpoint ({pod_checkpoints} PodCheckpoint, KEP-5823)"
+            return StrategyChoice("CRIU", "Requested", because, mechanism="PodCheckpoint")
+        because = "strategy CRIU: a container checkpoint through the kubelet API"
+        return StrategyChoice("CRIU", "Requested", _but(kep, because), mechanism="KubeletAPI")
     source_name = (source_node or {}).get("metadata", {}).get("name", "the source's node")
     if not criu_enabled:
         because = (
@@ -101,6 +119,61 @@ def choose(
             " state path"
         )
         return StrategyChoice("State", "CheckpointDisabled", because)
+    kep = _kep_blocked(pod_checkpoints, source_node, target_node_name)
+    if kep is None:
+        because = (
+            f"Auto: same image, and the cluster serves PodCheckpoint ({pod_checkpoints},"
+            f" KEP-5823), its word that node {source_name} checkpoints and restores pods: a pod"
+            " checkpoint, restored on the same node (the app-level state path if the kubelet"
+            " or the runtime turns out unable)"
+        )
+        return StrategyChoice("CRIU", "PodCheckpointServed", because, True, "PodCheckpoint")
+    choice = _kubelet_api(
+        source_node, target_node, target_node_name, registry=registry, source_name=source_name
+    )
+    return StrategyChoice(
+        choice.strategy,
+        choice.reason,
+        _but(kep, choice.message),
+        choice.fallback,
+        choice.mechanism,
+    )
+
+
+def _but(kep: str | None, message: str) -> str:
+    return f"{message} ({kep})" if kep else message
+
+
+def _kep_blocked(
+    pod_checkpoints: str | None, source_node: dict[str, Any] | None, target_node_name: str | None
+) -> str | None:
+    """Why KEP-5823's PodCheckpoint cannot move this session (``""``: not served, nothing
+    worth saying); ``None`` when it can."""
+    if pod_checkpoints is None:
+        return ""
+    source_name = (source_node or {}).get("metadata", {}).get("name")
+    if target_node_name is not None and target_node_name != source_name:
+        return (
+            f"the cluster serves PodCheckpoint, but its alpha restores only on the node that"
+            f" took the checkpoint ({source_name}), and the target is {target_node_name}"
+        )
+    if source_node is not None and (source_node.get("spec") or {}).get("unschedulable"):
+        return (
+            f"the cluster serves PodCheckpoint, but its alpha restores only on the node that"
+            f" took the checkpoint, and {source_name} is cordoned"
+        )
+    return None
+
+
+def _kubelet_api(
+    source_node: dict[str, Any] | None,
+    target_node: dict[str, Any] | None,
+    target_node_name: str | None,
+    *,
+    registry: str | None,
+    source_name: str,
+) -> StrategyChoice:
+    """Auto, through the kubelet checkpoint API and checkpoint images."""
     if registry is None:
         because = (
             "Auto: the operator has no --checkpoint-registry (chart:"
@@ -135,4 +208,4 @@ def choose(
         " (the app-level state path if the kubelet or the target's runtime turns out"
         " unable)"
     )
-    return StrategyChoice("CRIU", "SameImage", because, fallback=True)
+    return StrategyChoice("CRIU", "SameImage", because, fallback=True, mechanism="KubeletAPI")

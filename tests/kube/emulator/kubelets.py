@@ -9,7 +9,9 @@ answers it (https://kubernetes.io/docs/reference/node/kubelet-checkpoint-api/):
   gate is off: the kubelet serves no such path; also 404 for a pod or container it
   does not run;
 - 500 ``checkpointing of <ns>/<pod>/<container> failed (<the runtime's error>)`` where
-  the runtime does not implement the CRI's CheckpointContainer, or CRIU failed.
+  the runtime does not implement the CRI's CheckpointContainer, or CRIU failed;
+- 403 (the API server's own ``Forbidden`` Status, before any kubelet is asked) where the
+  caller has no RBAC ``nodes/proxy`` create.
 
 Each node answers as ``ApiServerEmulator.kubelet_checkpoints[node]`` says; a node not
 in it answers 404, as a kubelet with the gate off.
@@ -38,6 +40,8 @@ class CheckpointAnswer:
 
 
 FEATURE_GATE_OFF: Final = CheckpointAnswer(404)
+NODE_PROXY_FORBIDDEN: Final = CheckpointAnswer(403)
+OPERATOR_USER: Final = "system:serviceaccount:shadowpod:shadowpod-operator"
 RUNTIME_UNIMPLEMENTED: Final = CheckpointAnswer(500)
 CHECKPOINTS: Final = CheckpointAnswer(200)
 
@@ -57,6 +61,18 @@ def answer(
     """The status and the body (a dict is JSON, a str plain text) of ``request``."""
     if given.status == 404:
         return 404, "404 page not found\n"
+    if given.status == 403:
+        return 403, {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": f'nodes "{request.node}" is forbidden: User "{OPERATOR_USER}" cannot create'
+            ' resource "nodes/proxy" in API group "" at the cluster scope',
+            "reason": "Forbidden",
+            "details": {"name": request.node, "kind": "nodes"},
+            "code": 403,
+        }
     where = f"{request.namespace}/{request.pod}/{request.container}"
     runs = pod is not None and (pod.get("spec") or {}).get("nodeName") == request.node
     containers = [] if pod is None else [c["name"] for c in pod["spec"].get("containers", [])]

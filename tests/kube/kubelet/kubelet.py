@@ -40,6 +40,7 @@ from tests.kube.emulator.selectors import LabelSelector
 from tests.kube.emulator.store import now
 from tests.kube.kubelet import api as raw
 from tests.kube.kubelet.docker import DockerContainers
+from tests.kube.kubelet.podcheckpoints import PodCheckpoints, checkpoint_node
 from tests.kube.kubelet.pods import PodWorker, stop
 
 TREE_TTL = 0.25  # seconds a read of the host's process tree serves every pod
@@ -67,6 +68,12 @@ class Kubelet:
         # error (as CRI-O's checkpoint-only default): such a container stays waiting
         # in CreateContainerError. Checkpoint images are named ``…/checkpoint:…``.
         self.restore_refusals: dict[str, str] = {}
+        # KEP-5823 (``serve_pod_checkpoints``): nodes whose runtime fails CheckpointPod,
+        # with its error; nodes whose runtime fails RestorePod, with the reason and
+        # message of the pod's Restoring=False condition.
+        self.pod_checkpoint_failures: dict[str, str] = {}
+        self.pod_restore_refusals: dict[str, tuple[str, str]] = {}
+        self.pod_checkpoints: PodCheckpoints | None = None
         self.pods: dict[PodKey, dict[str, Any]] = {}  # every pod in the cluster, as watched
         self.node_objects: dict[str, dict[str, Any]] = {}
         self.workers: dict[str, PodWorker] = {}  # by pod uid
@@ -141,6 +148,14 @@ class Kubelet:
             },
         )
         self._wake.set()
+
+    def serve_pod_checkpoints(self) -> PodCheckpoints:
+        """Act on KEP-5823's PodCheckpoints (the API server must serve them) and restore
+        pods from them (``podcheckpoints.py``)."""
+        if self.pod_checkpoints is None:
+            self.pod_checkpoints = PodCheckpoints(self, self.workdir / "pod-checkpoints")
+            self._tasks.append(asyncio.create_task(self.pod_checkpoints.run()))
+        return self.pod_checkpoints
 
     async def lose_node(self, name: str) -> None:
         """The node is gone at once: its pods' processes die, its Node object goes."""
@@ -261,8 +276,16 @@ class Kubelet:
         if spec.get("schedulerName", "default-scheduler") != "default-scheduler":
             return
         wanted = LabelSelector.from_object({"matchLabels": spec.get("nodeSelector") or {}})
+        pinned = None
+        if spec.get("restoreFrom"):
+            # The API server's admission pins a restore to the checkpoint's node (KEP-5823).
+            pinned = await checkpoint_node(self, pod["metadata"]["namespace"], spec["restoreFrom"])
+            if pinned is None:
+                return  # not Ready yet: the pod waits
         candidates = []
         for name, node in self.node_objects.items():
+            if pinned is not None and name != pinned:
+                continue
             ready = any(
                 c.get("type") == "Ready" and c.get("status") == "True"
                 for c in (node.get("status") or {}).get("conditions") or []

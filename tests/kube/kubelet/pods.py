@@ -24,6 +24,7 @@ from tests.kube.emulator.store import now
 from tests.kube.kubelet import api as raw
 from tests.kube.kubelet import containers as build
 from tests.kube.kubelet.containers import NotReadyToStart
+from tests.kube.kubelet.podcheckpoints import restored_environment
 
 if TYPE_CHECKING:
     from tests.kube.kubelet.kubelet import Kubelet
@@ -90,6 +91,7 @@ class PodWorker:
         self.started_at = now()
         self.deadline: float | None = None  # when SIGKILL comes, once deletion started
         self._reported: dict[str, Any] | None = None
+        self.restore_refused: tuple[str, str] | None = None  # a KEP-5823 restore's refusal
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
@@ -186,8 +188,14 @@ class PodWorker:
                 refusal = self.kubelet.restore_refusals.get(self.pod["spec"].get("nodeName", ""))
                 if refusal is not None and "/checkpoint:" in container["image"]:
                     raise NotReadyToStart("CreateContainerError", refusal)
+                restoring = bool(self.pod["spec"].get("restoreFrom"))
+                self.restore_refused = self.kubelet.pod_restore_refusals.get(self.node)
+                if restoring and self.restore_refused is not None:
+                    raise NotReadyToStart("ContainerCreating", self.restore_refused[1])
                 image = build.resolve_image(self.kubelet.images, container["image"])
                 env = build.environment(self.pod, container, image, lookup)
+                if restoring:
+                    env = restored_environment(env)
                 directory = self.root / "containers" / container["name"]
                 directory.mkdir(parents=True, exist_ok=True)
                 termination_log = directory / "termination-log"
@@ -439,14 +447,20 @@ class PodWorker:
                 "lastProbeTime": None,
             }
 
+        conditions = [
+            condition("PodScheduled", True),
+            condition("Initialized", True),
+            condition("ContainersReady", ready),
+            condition("Ready", ready),
+        ]
+        if self.pod["spec"].get("restoreFrom") and self.restore_refused is not None:
+            reason, message = self.restore_refused
+            conditions.append(
+                {**condition("Restoring", False), "reason": reason, "message": message}
+            )
         return {
             "phase": phase,
-            "conditions": [
-                condition("PodScheduled", True),
-                condition("Initialized", True),
-                condition("ContainersReady", ready),
-                condition("Ready", ready),
-            ],
+            "conditions": conditions,
             "hostIP": self.kubelet.nodes.get(self.node, ""),
             "podIP": self.ip,
             "podIPs": [{"ip": self.ip}],

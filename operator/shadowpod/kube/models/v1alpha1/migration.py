@@ -221,6 +221,12 @@ class AgentMigrationStatus(KubeModel):
         description="Why that strategy: what Auto saw, or why a CRIU attempt fell back to"
         " the app-level state path.",
     )
+    checkpoint_mechanism: Literal["PodCheckpoint", "KubeletAPI"] | None = Field(
+        default=None,
+        description="How the CRIU strategy checkpoints: KEP-5823's PodCheckpoint API (where"
+        " the cluster serves it, for a move on the same node) or the kubelet checkpoint API"
+        " with checkpoint images.",
+    )
     start_time: MicroTime | None = None
     completion_time: MicroTime | None = None
     source: InstanceStatus | None = None
