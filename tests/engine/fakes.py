@@ -368,7 +368,9 @@ class FakeValidator:
             message=f"{image} on {golden}: {'passed' if passed else 'FAILED'}",
         )
 
-    async def open_window(self, session: str, *, instance: str, after_seq: int) -> int:
+    async def open_window(
+        self, session: str, *, instance: str, after_seq: int, turns: int | None = None
+    ) -> int:
         self.asked.add(instance)
         self.windows.append(after_seq)
         return after_seq

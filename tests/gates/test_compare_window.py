@@ -123,3 +123,21 @@ async def test_a_shadow_restarted_mid_window_says_it_lost_it(dep: LocalDeploymen
     # Asked for the same window, the restarted shadow opens one where it can answer.
     reopened = await validator.open_window(SESSION, instance=SHADOW, after_seq=after)
     assert reopened >= to > after
+
+
+async def test_a_window_of_n_turns_answers_those_and_then_follows_as_before(
+    dep: LocalDeployment,
+) -> None:
+    validator = dep.validator
+    head = await dep.control.head(SESSION)
+    after = await validator.open_window(SESSION, instance=SHADOW, after_seq=head, turns=2)
+    seqs = await talk(dep, "hello", "what is my name?", "warm?", "hello again")
+    _, to = await validator.completed_turns(SESSION, instance=SHADOW, after_seq=after)
+    instance = dep.runtime.instance(SHADOW)
+    assert instance is not None
+    report = await compare_report(
+        validator.http, instance.url, after=after, to=to, timeout=WINDOW_TIMEOUT
+    )
+    assert [a.turn for a in report.answers] == seqs[:2]  # the window's turns, no more
+    status = await dep.runtime.status(SHADOW)
+    assert status.watermark >= to  # and it went on following

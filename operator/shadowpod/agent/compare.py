@@ -47,9 +47,10 @@ class _Started:
 
 
 class CompareWindow:
-    def __init__(self, agent: AgentDeclaration, after: int) -> None:
+    def __init__(self, agent: AgentDeclaration, after: int, turns: int | None = None) -> None:
         self.agent = agent
         self.after = after
+        self.turns = turns  # answer this many turns, then fold as if there were no window
         self.opened_at = time.time()
         self.answers: dict[int, SandboxAnswer] = {}
         self._acks: dict[int, int] = {}  # turn -> the seq of its ack
@@ -61,10 +62,21 @@ class CompareWindow:
 
     # --- as the shadow folds (no await: the fold never waits) --------------------------
 
+    @property
+    def following(self) -> bool:
+        """Turns to capture or to see end: ``False`` once the window's turns are all in
+        (the shadow then folds as it does without a window)."""
+        return self.turns is None or len(self._seen) < self.turns or bool(self._started)
+
     def starts_turn(self, entry: JournalEntry) -> bool:
         """``entry`` is the first output of a window's turn: capture the state first."""
         turn = turn_of(entry)
-        return turn is not None and turn > self.after and turn not in self._seen
+        return (
+            turn is not None
+            and turn > self.after
+            and turn not in self._seen
+            and (self.turns is None or len(self._seen) < self.turns)
+        )
 
     def turn_started(self, entry: JournalEntry, state: SessionState) -> None:
         """The state folded so far (``state``, not yet holding ``entry``) is the one

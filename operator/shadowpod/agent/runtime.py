@@ -128,6 +128,7 @@ class AgentRuntime(OwnerLoop):
         )
         # Shadow compare in place (``shadowpod.agent.compare``): open while a gate asks.
         self.window: CompareWindow | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     # --- lifecycle --------------------------------------------------------------------
 
@@ -353,18 +354,21 @@ class AgentRuntime(OwnerLoop):
 
     # --- shadow compare ---------------------------------------------------------------
 
-    def open_window(self, after: int) -> CompareWindow:
+    def open_window(self, after: int, turns: int | None = None) -> CompareWindow:
         """Answer every live turn after ``after`` in the sandbox as it is followed (see
         ``shadowpod.agent.compare``). Asked again with the same ``after``, the open
         window is kept; a shadow that already folded past ``after`` opens it at its
-        watermark (the window's ``after`` says where)."""
+        watermark (the window's ``after`` says where). ``turns``: answer that many
+        turns of the window, no more."""
         if self.mode != "shadow" or self.promotion is not None:
             raise WindowLost(f"this instance is {self.mode}: only a shadow compares")
         if self.window is not None and self.window.after == after:
             return self.window
         if self.window is not None:
-            asyncio.get_running_loop().create_task(self.window.close())
-        self.window = CompareWindow(self.agent, max(after, self.folder.watermark))
+            closing = asyncio.get_running_loop().create_task(self.window.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+        self.window = CompareWindow(self.agent, max(after, self.folder.watermark), turns)
         return self.window
 
     async def close_window(self) -> None:
@@ -380,7 +384,7 @@ class AgentRuntime(OwnerLoop):
         Runs of other entries are folded in one call: entry by entry, the folder's
         per-call cost was an eighth of a catch-up's time.
         """
-        if self.window is not None and self.mode == "shadow":
+        if self.window is not None and self.mode == "shadow" and self.window.following:
             self._apply_in_window(batch, self.window)
         else:
             self._apply_plain(batch)

@@ -183,17 +183,23 @@ def _too_large(size: int | None) -> web.Response:
 
 
 async def open_window(request: web.Request) -> web.Response:
-    """``{"after": SEQ}``: from now on, answer every live turn after SEQ in the sandbox."""
+    """``{"after": SEQ, "turns": N}``: from now on, answer the live turns after SEQ (the
+    first N of them; every one without ``turns``) in the sandbox."""
     try:
         asked = orjson.loads(await request.read())
         after = asked["after"]
+        turns = asked.get("turns")
         if not isinstance(after, int) or isinstance(after, bool) or after < 0:
             raise ValueError("after must be a seq (an integer >= 0)")
+        if turns is not None and (
+            not isinstance(turns, int) or isinstance(turns, bool) or turns < 1
+        ):
+            raise ValueError("turns must be a count (an integer >= 1), or absent")
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         return _error("BadRequest", f'expected {{"after": SEQ}}: {exc}', 400)
     runtime = request.app[RUNTIME]
     try:
-        window = runtime.open_window(after)
+        window = runtime.open_window(after, turns)
     except WindowLost as exc:
         return _error("NotShadow", str(exc), 409)
     return _json(

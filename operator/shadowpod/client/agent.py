@@ -122,12 +122,17 @@ async def sandbox_replay(
 
 
 async def open_compare_window(
-    http: aiohttp.ClientSession, base_url: str, after: int, *, timeout: aiohttp.ClientTimeout
+    http: aiohttp.ClientSession,
+    base_url: str,
+    after: int,
+    *,
+    turns: int | None = None,
+    timeout: aiohttp.ClientTimeout,
 ) -> int:
-    """Open the shadow's compare window after ``after``; where it starts."""
-    body = await _answer(
-        http, "POST", f"{base_url}/v1/compare/window", timeout=timeout, json={"after": after}
-    )
+    """Open the shadow's compare window after ``after`` (for its first ``turns``
+    turns); where it starts."""
+    asked: dict[str, int] = {"after": after} if turns is None else {"after": after, "turns": turns}
+    body = await _answer(http, "POST", f"{base_url}/v1/compare/window", timeout=timeout, json=asked)
     opened = orjson.loads(body).get("after")
     if not isinstance(opened, int):
         raise AgentAPIError(f"{base_url} opened a compare window but did not say where")

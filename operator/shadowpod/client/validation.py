@@ -62,7 +62,8 @@ async def prepare_judge(gate: GatePolicy) -> None:
     if gate.judge != "semantic":
         return
     try:
-        await asyncio.to_thread(shared_embedder().load)
+        # One text embedded too: the model's first call costs twice the next ones.
+        await asyncio.to_thread(shared_embedder().embed, ["shadowpod"])
     except SemanticUnavailable as exc:
         raise ValidationUnavailable(f"the semantic judge cannot run: {exc}") from exc
 
@@ -108,10 +109,14 @@ class ShadowValidator:
                 return count, last
             cursor = entries[-1].seq
 
-    async def open_window(self, session: str, *, instance: str, after_seq: int) -> int:
+    async def open_window(
+        self, session: str, *, instance: str, after_seq: int, turns: int | None = None
+    ) -> int:
         base_url = await self.address_of(instance)
         try:
-            return await open_compare_window(self.http, base_url, after_seq, timeout=WINDOW_TIMEOUT)
+            return await open_compare_window(
+                self.http, base_url, after_seq, turns=turns, timeout=WINDOW_TIMEOUT
+            )
         except AgentAPIError as exc:
             raise ValidationUnavailable(
                 f"the shadow {instance!r} cannot open a compare window: {exc}"
@@ -127,8 +132,9 @@ class ShadowValidator:
         to_seq: int,
         gate: GatePolicy,
     ) -> ValidationSummary:
-        report = await self._answers(instance, after_seq, to_seq)
-        entries = await self._journal(session, after_seq, to_seq)
+        report, entries = await asyncio.gather(
+            self._answers(instance, after_seq, to_seq), self._journal(session, after_seq, to_seq)
+        )
         pairs = live_pairs(entries, report, after=after_seq, to=to_seq)
         summary = await self._judge(pairs, report, image, gate)
         return summary.model_copy(update={"from_seq": after_seq, "to_seq": to_seq})

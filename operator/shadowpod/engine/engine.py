@@ -523,8 +523,12 @@ class MigrationEngine:
         asked = record.validation_from
         if asked is None:
             asked = await self.control.head(spec.session)
+        policy = spec.policy.validation
         opened = await validator.open_window(
-            spec.session, instance=spec.target.name, after_seq=asked
+            spec.session,
+            instance=spec.target.name,
+            after_seq=asked,
+            turns=None if policy is None else policy.turns,
         )
         if opened == record.validation_from:
             return record
@@ -551,12 +555,15 @@ class MigrationEngine:
         # Polled as fast as other waits: a full window noticed late is migration time.
         delays = self._delays()
         while True:
-            await self._alive(spec.target.name, "shadow")
-            await self._alive(spec.source.name, "source")
-            # The policy's number of turns, judged: more that came meanwhile are not
-            # waited for nor judged (each costs the judge time after the window).
-            count, to_seq = await validator.completed_turns(
-                spec.session, instance=spec.target.name, after_seq=after, up_to=policy.turns
+            # Both instances alive, and the turns so far, asked at once: a full window
+            # seen a round trip later is migration time. The policy's number of turns
+            # is judged: more that came meanwhile are not (each costs the judge time).
+            _, _, (count, to_seq) = await asyncio.gather(
+                self._alive(spec.target.name, "shadow"),
+                self._alive(spec.source.name, "source"),
+                validator.completed_turns(
+                    spec.session, instance=spec.target.name, after_seq=after, up_to=policy.turns
+                ),
             )
             if count >= policy.turns or self._clock() > waiting_since + policy.timeout_s:
                 break

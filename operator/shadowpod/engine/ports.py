@@ -257,12 +257,14 @@ class Validator(Protocol):
     comparison cannot be made.
     """
 
-    async def open_window(self, session: str, *, instance: str, after_seq: int) -> int:
-        """Have the shadow answer, in its sandbox, every live turn whose inbound comes
-        after ``after_seq`` as it follows the journal. Returns where the window starts:
-        ``after_seq``, or later when the shadow already followed past it (a shadow
-        restarted since the window was first opened). Asked again with the same seq,
-        the open window is kept."""
+    async def open_window(
+        self, session: str, *, instance: str, after_seq: int, turns: int | None = None
+    ) -> int:
+        """Have the shadow answer, in its sandbox, the live turns whose inbound comes
+        after ``after_seq`` (the first ``turns`` of them) as it follows the journal.
+        Returns where the window starts: ``after_seq``, or later when the shadow
+        already followed past it (a shadow restarted since the window was first
+        opened). Asked again with the same seq, the open window is kept."""
         ...
 
     async def completed_turns(

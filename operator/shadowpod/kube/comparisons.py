@@ -39,7 +39,8 @@ def warm_semantic_judge() -> None:
 
     def load() -> None:
         with contextlib.suppress(Exception):
-            shared_embedder().load()
+            # One text embedded too: the model's first call costs twice the next ones.
+            shared_embedder().embed(["shadowpod"])
 
     _warming = threading.Thread(target=load, name="semantic-judge-load", daemon=True)
     _warming.start()
