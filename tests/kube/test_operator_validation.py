@@ -6,6 +6,7 @@ run. The semantic model loads once per test process (~7 s, the first comparison)
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -16,6 +17,7 @@ from shadowpod.client.goldens import record_golden
 from shadowpod.kube import names
 from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.local.load import Reply
+from tests.gates.test_llm import KEY, ChatServer, chat_server  # noqa: F401 - a fixture
 from tests.kube.operator_world import (
     NAME,
     Load,
@@ -274,3 +276,39 @@ async def test_a_version_that_forgets_who_it_is_is_rolled_back_by_the_persona_ch
         sample(world, "shadowpod_migrations_rolled_back_by_validation_total", reason="PersonaDrift")
         == 1
     )
+
+
+async def test_the_llm_judge_reads_its_key_from_the_secret_the_policy_names(
+    world: World,
+    chat_server: ChatServer,  # noqa: F811 - the fixture imported above
+) -> None:
+    await world.raw.create(
+        world.path("secrets"),
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "judge"},
+            "data": {"api-key": base64.b64encode(KEY.encode()).decode()},
+        },
+    )
+    llm = {
+        "url": chat_server.url,
+        "model": "judge-small",
+        "apiKeySecretRef": {"name": "judge", "key": "api-key"},
+    }
+    gate = {"turns": 2, "gate": {"judge": "LLM", "agreementPercent": 100, "llm": llm}}
+    await world.apply(session_manifest("g4", image="refagent:v2", migration={"validation": gate}))
+    await world.wait_running("g4", epoch=1)
+    async with Load(world, "g4", rate=3, message=ASK) as load:
+        await eventually(lambda: load.load.replies, timeout=30)
+        forgetful = await bump(world, "g4", "refagent:v2-forgetful")
+        migration = await world.wait_finished(forgetful)
+        assert await load.stop()
+    # The endpoint was asked with the Secret's key (it answers 401 to any other), and
+    # its model found the name missing.
+    assert chat_server.requests, migration["status"].get("message")
+    assert failed_reason(migration) == "ValidationFailed", migration["status"].get("message")
+    verdict = migration["status"]["validation"]
+    assert verdict["judge"] == "llm" and "forgets ['Ada']" in verdict["worst"][0]["reason"]
+    # Neither the record nor the status holds the key: they name the Secret.
+    assert KEY not in json.dumps(migration)
