@@ -13,6 +13,9 @@ asks it. What it does with a message:
   ``$EMAIL_DELAY_S`` seconds; never repeated);
 - ``both <city> <to>`` — both tools in one model answer (parallel tool calls);
 - ``chain <to> <city>`` — two rounds: the email, then, seeing its result, the lookup;
+- ``confirm <to> <text>`` — calls ``send_confirmed_email``, a tool that asks the user
+  first from inside (``interrupt()`` in the tool): the next message answers it, the
+  tool runs again from its start as LangGraph resumes a node, and sends on ``yes``;
 - ``approve <text>`` — asks the user first (a LangGraph ``interrupt``); the next
   message (``yes`` or anything else) answers it, whichever process owns the session;
 - anything else — ``you said: <text> (<n> messages so far)``, ``n`` counted in the
@@ -86,6 +89,10 @@ class ScriptedChatModel(BaseChatModel):
             calls = [
                 {"name": "send_email", "args": {"to": to, "text": text}, "id": f"{base}-email"}
             ]
+        elif command == "confirm":
+            to, _, text = rest.partition(" ")
+            args = {"to": to, "text": text}
+            calls = [{"name": "send_confirmed_email", "args": args, "id": f"{base}-confirm"}]
         elif command == "chain":  # two rounds: the email, then (seeing its result) the lookup
             to, _, city = rest.partition(" ")
             args = {"to": to, "text": city}
@@ -126,15 +133,30 @@ async def send_email(to: str, text: str) -> str:
     return f"sent to {to}"
 
 
+@tool
+async def send_confirmed_email(to: str, text: str) -> str:
+    """Send an email once the user said yes (asks from inside the tool)."""
+    # Before the interrupt: LangGraph runs it again when the answer resumes the tool.
+    _ran(f"ask {to} {text}")
+    answer = interrupt(f"email {text!r} to {to}? answer yes or no")
+    if str(answer).strip().lower() != "yes":
+        return "not sent"
+    _ran(f"email {to} {text}")
+    return f"sent to {to}"
+
+
+TOOLS = [lookup, send_email, send_confirmed_email]
+
+
 def build_graph(checkpointer: BaseCheckpointSaver[Any]) -> Any:
     """The graph, with any checkpointer (``shadowpod bench langgraph`` runs it with
     LangGraph's own ``SqliteSaver`` too); its tool calls are journaled when it is
     Shadowpod's."""
-    model = ScriptedChatModel().bind_tools([lookup, send_email])
+    model = ScriptedChatModel().bind_tools(TOOLS)
     tools = (
-        tool_node(checkpointer, [lookup, send_email], idempotent={"lookup"})
+        tool_node(checkpointer, TOOLS, idempotent={"lookup"})
         if isinstance(checkpointer, ShadowpodSaver)
-        else ToolNode([lookup, send_email])
+        else ToolNode(TOOLS)
     )
 
     async def call_model(state: MessagesState) -> dict[str, Any]:

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from shadowpod.api.models import OwnershipChange
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry
@@ -280,6 +282,66 @@ async def test_a_turn_redone_from_its_first_round_of_tools_saves_its_second_anew
         ("human", None),
         ("ai", None),
         ("tool", "error"),
+        ("ai", None),
+        ("tool", "success"),
+        ("ai", None),
+        ("human", None),
+        ("ai", None),
+    ]
+
+
+async def on_langgraph_alone(workdir: Path, opening: str, answer: str) -> list[str]:
+    """The tools' runs of the same conversation on LangGraph alone: its own
+    ``ToolNode`` and ``InMemorySaver``, one process — the semantics to keep."""
+    from langchain_core.messages import HumanMessage
+    from langgraph.checkpoint.memory import InMemorySaver
+    from langgraph.types import Command
+
+    await asyncio.to_thread(workdir.mkdir)
+    graph = _example().build_graph(InMemorySaver())
+    config: Any = {"configurable": {"thread_id": "main"}}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TOOL_LOG", str(workdir / "tools.log"))
+        asked = await graph.ainvoke({"messages": [HumanMessage(opening, id="turn-1")]}, config)
+        assert asked["__interrupt__"]
+        await graph.ainvoke(Command(resume=answer), config)
+    return tool_runs(workdir)
+
+
+async def test_an_interrupt_inside_a_tool_is_answered_after_a_move_and_sends_once(
+    tmp_path: Path,
+) -> None:
+    async with LocalDeployment(tmp_path, images(tmp_path)) as dep, dep.client() as client:
+        await dep.create_session(SESSION, image="lg:v1", instance="v1")
+        ask = await say(client, "confirm bob hi")
+        entries = await answered(dep.admin, [ask])
+        # v1's tool stopped to ask: the question is the turn's reply.
+        assert said(entries, ask) == "email 'hi' to bob? answer yes or no"
+        assert replies(entries)[ask][0].payload["meta"]["interrupt"] is True
+        await move(dep, "v1", "lg:v1", "lg:v2")
+        yes = await say(client, "yes")
+        after = await say(client, "done?")
+        entries = await answered(dep.admin, [yes, after])
+
+    # v2 resumed the tool with the answer: the email went, once.
+    assert said(entries, yes) == "send_confirmed_email: sent to bob"
+    assert replies(entries)[yes][0].payload["meta"]["version"] == "2"
+    assert said(entries, after) == "you said: done? (2 messages so far)"
+    # The journal says the first run of the call stopped at an interrupt — not that
+    # it failed, nor that its outcome is unknown.
+    results = [e.payload["status"] for e in entries if e.kind == EntryKind.TOOL_RESULT]
+    assert results == ["interrupted", "ok"]
+    state = fold(SessionState(), entries)
+    assert state.tools.uncertain() == []
+    # The tool ran as LangGraph alone runs it: from its start again when resumed
+    # (what comes before ``interrupt()`` twice), the side effect after it once.
+    alone = await on_langgraph_alone(tmp_path / "alone", "confirm bob hi", "yes")
+    assert tool_runs(tmp_path) == alone == ["ask bob hi", "ask bob hi", "email bob hi"]
+    # The graph's history is whole: the call answered by its one ToolMessage.
+    _, graph, config = history(entries)
+    messages = graph.get_state(config).values["messages"]
+    assert [(m.type, getattr(m, "status", None)) for m in messages] == [
+        ("human", None),
         ("ai", None),
         ("tool", "success"),
         ("ai", None),

@@ -154,6 +154,29 @@ def test_bench_migrate_prints_one_json_object_with_both_strategies() -> None:
     assert_machine_described(report["machine"])
 
 
+def test_bench_migrate_fence_probe_gives_every_migration_a_message_sent_at_its_fence() -> None:
+    # 5 msg/s: a message arrives during a fence by chance only in a few migrations.
+    result = shadowpod(
+        "bench", "migrate", "--quick", "--json", "--rate", "5", "--sessions", "1",
+        "--migrations", "3", "--compare", "0", "--fence-probe",
+        timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["fence_probe"] is True
+    probes = [m["fence_probe"] for m in report["migrations"]]
+    assert all(p["reply_ms"] is not None and p["reply_ms"] > 0 for p in probes), probes
+    summary = report["summary"]
+    # Each is placed against the fence (when it lands, by a few ms, is the machine's).
+    assert sum(summary["fence_probe_arrived"].values()) == 3
+    for migration in report["migrations"]:
+        if migration["fence_probe"]["arrived"] == "held":  # the gateway measured a pause
+            assert migration["fence_pause_ms"] is not None, migration
+    # The probes are messages of the load: sent, answered once, in order.
+    assert summary["messages"]["sent"] == summary["messages"]["answered"]
+    assert (summary["lost"], summary["duplicated"], summary["reordered"]) == (0, 0, 0)
+
+
 def test_bench_migrate_gives_up_with_a_clear_error_when_the_machine_cannot_keep_up() -> None:
     # One session at 5000 msg/s: more turns a second than any owner takes, anywhere.
     result = shadowpod(

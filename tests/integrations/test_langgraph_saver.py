@@ -28,7 +28,7 @@ async def test_a_long_history_reads_back_from_the_journal_alone(tmp_path: Path) 
     try:
         await store.create_session(SESSION)
         await store.compare_and_set_ownership(SESSION, 0, Ownership(epoch=1, owner="test"))
-        saver = ShadowpodSaver()
+        saver = ShadowpodSaver(keep=None)  # every checkpoint: the whole history
         owner = _Owner(store, _build_graph()(saver), saver)
         for n in range(TURNS):
             await owner.turn(f"message {n:03d}")
@@ -40,7 +40,7 @@ async def test_a_long_history_reads_back_from_the_journal_alone(tmp_path: Path) 
 
     state = fold(SessionState(), entries)
     assert state.extensions == []
-    fresh = ShadowpodSaver(values=state.agent.values)
+    fresh = ShadowpodSaver(values=state.agent.values, keep=None)
     graph = _build_graph()(fresh)
     config = {"configurable": {"thread_id": "main"}}
     messages = graph.get_state(config).values["messages"]

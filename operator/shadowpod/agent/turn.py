@@ -272,11 +272,16 @@ class Turn(OwnerContext):
         run: Callable[[], Awaitable[JsonValue]],
         *,
         idempotent: bool,
+        interrupts: tuple[type[BaseException], ...] = (),
     ) -> JsonValue:
         """Run ``run`` as the tool call ``call_id`` (a framework's own id, such as
         LangChain's ``tool_call_id``, unique in the session): the same journaling and
         the same answers after an owner change as ``tool``. ``ToolAbandoned`` when it
-        may have run and must not be repeated, ``ToolFailed`` when it failed."""
+        may have run and must not be repeated, ``ToolFailed`` when it failed.
+
+        ``interrupts``: what ``run`` raises to stop and ask (LangGraph's
+        ``GraphInterrupt``): journaled as an ``interrupted`` result — no outcome, no
+        error — and raised again as it is; the call may run again once answered."""
         known = self.state.tools.calls.get(call_id)
         if known is not None and known.status is CallStatus.OK:
             return known.result
@@ -284,21 +289,32 @@ class Turn(OwnerContext):
             raise ToolFailed(call_id, tool, known.error or "")
         if known is not None and known.status is CallStatus.ABANDONED:
             raise ToolAbandoned(call_id, tool)
-        if known is not None and not idempotent:  # intent without result
+        if known is not None and known.status is CallStatus.PENDING and not idempotent:
             await self._record_result(
                 call_id, ToolStatus.ABANDONED, error="outcome unknown after an owner change"
             )
             raise ToolAbandoned(call_id, tool)
-        if known is None:
+        # Run again after an interrupt: a new intent, so that a death during this run
+        # leaves the call uncertain again, never taken for merely asked.
+        again = "" if known is None else f":after-{known.result_seq}"
+        if known is None or known.status is CallStatus.INTERRUPTED:
             intent = NewEntry.of(
                 ToolCallPayload(
                     call_id=call_id, tool=tool, args=args, idempotent=idempotent, turn=self.seq
                 ),
-                id=fitting_id(f"tool:{call_id}"),
+                id=fitting_id(f"tool:{call_id}{again}"),
             )
             await self._append([*self.take_outputs(), intent])
         try:
             result = await run()
+        except interrupts as exc:
+            await self._record_result(
+                call_id,
+                ToolStatus.INTERRUPTED,
+                result=str(exc)[:1000],
+                id=fitting_id(f"tool-interrupt:{call_id}{again}"),
+            )
+            raise
         except Exception as exc:
             await self._record_result(
                 call_id, ToolStatus.ERROR, error=f"{type(exc).__name__}: {exc}"
@@ -314,12 +330,13 @@ class Turn(OwnerContext):
         *,
         result: JsonValue = None,
         error: str | None = None,
+        id: str | None = None,
     ) -> None:
         entry = NewEntry.of(
             ToolResultPayload(
                 call_id=call_id, status=status, result=result, error=error, turn=self.seq
             ),
-            id=fitting_id(f"tool-result:{call_id}"),
+            id=id or fitting_id(f"tool-result:{call_id}"),
         )
         await self._append([*self.take_outputs(), entry])
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from shadowpod.bench.fence_probe import FenceProbe
 from shadowpod.bench.machine import LOOP_STEPS, MachineProbe
 from shadowpod.engine.ports import InstanceSpec
 from shadowpod.engine.record import MigrationPolicy, Strategy
@@ -68,6 +69,9 @@ class MigrateBenchConfig:
     # its target (v1 → v2); then it moves between the target and its other tag, if
     # it has one (a relocation, not an upgrade).
     agent: AgentUnderTest | None = None
+    # One more message sent as each fence begins (``shadowpod.bench.fence_probe``): a
+    # fence pause to measure in every migration, whatever the rate.
+    fence_probe: bool = False
 
 
 @dataclass(frozen=True)
@@ -132,9 +136,11 @@ class Replays:
     uncontended: ReplayMeasure
 
 
-async def _series(
-    config: MigrateBenchConfig, strategy: Strategy, count: int
-) -> tuple[ScenarioReport, Replays | None]:
+# A series' report, its replays, and its fence probes' results by migration.
+Series = tuple[ScenarioReport, Replays | None, dict[str, dict[str, Any] | None]]
+
+
+async def _series(config: MigrateBenchConfig, strategy: Strategy, count: int) -> Series:
     workdir = Path(tempfile.mkdtemp(prefix=f"shadowpod-bench-{strategy}-", dir=config.workdir))
     try:
         policy = MigrationPolicy(max_fence_attempts=5)
@@ -148,18 +154,26 @@ async def _series(
             agent=config.agent,
         ) as scenario:
             names = list(scenario.sessions)
+            probe = FenceProbe(scenario) if config.fence_probe else None
             migrating = _migrations(scenario, config, strategy, count)
             await _unless_overloaded(scenario, config, migrating)
             if strategy != "shadow":
-                return await scenario.finish(), None
+                report = await scenario.finish()
+                return report, None, _probed(report, probe)
             rounds = config.replay_rounds
             target = scenario.agent.target
             under_load = await measure_replays(scenario, names[0], target, rounds)
             report = await scenario.finish()
             uncontended = await measure_replays(scenario, names[0], target, rounds)
-            return report, Replays(under_load, uncontended)
+            return report, Replays(under_load, uncontended), _probed(report, probe)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _probed(report: ScenarioReport, probe: FenceProbe | None) -> dict[str, dict[str, Any] | None]:
+    if probe is None:
+        return {}
+    return {m.record.spec.id: probe.result(m.record) for m in report.migrations}
 
 
 async def _migrations(
@@ -210,8 +224,18 @@ def _replay_summary(replay: ReplayMeasure) -> dict[str, Any]:
     }
 
 
-def _series_summary(report: ScenarioReport, replays: Replays | None) -> dict[str, Any]:
-    migrations = [m.summary() for m in report.migrations]
+def _migration_summaries(series: Series) -> list[dict[str, Any]]:
+    report, _, probed = series
+    summaries = [m.summary() for m in report.migrations]
+    if probed:
+        for summary in summaries:
+            summary["fence_probe"] = probed.get(summary["id"])
+    return summaries
+
+
+def _series_summary(series: Series) -> dict[str, Any]:
+    report, replays, probed = series
+    migrations = _migration_summaries(series)
     caught = [
         (m["catchup_entries"], m["catchup_entries_per_s"])
         for m in migrations
@@ -229,6 +253,18 @@ def _series_summary(report: ScenarioReport, replays: Replays | None) -> dict[str
         # measure: the fence closed between two turns and the epoch moved on before the
         # next message arrived).
         "fence_pauses_measured": sum(m["fence_pause_ms"] is not None for m in migrations),
+        # With --fence-probe: the reply latency of the message sent as each fence began.
+        "fence_probe_reply_ms": summarise(
+            [p["reply_ms"] for p in probed.values() if p and p["reply_ms"] is not None]
+        )
+        if probed
+        else None,
+        "fence_probe_arrived": {
+            where: sum(1 for p in probed.values() if p and p["arrived"] == where)
+            for where in ("before", "held", "after")
+        }
+        if probed
+        else None,
         "client_max_latency_ms": summarise([m["client_max_latency_ms"] for m in migrations]),
         # The same measure with no migration running: the load's own jitter.
         "client_max_latency_quiet_ms": summarise(report.quiet_max_latency_ms),
@@ -257,7 +293,7 @@ def _series_summary(report: ScenarioReport, replays: Replays | None) -> dict[str
 async def run_migrate_bench(config: MigrateBenchConfig) -> dict[str, Any]:
     machine = MachineProbe(loop_steps=config.loop_steps)
     machine.start()
-    primary, replays = await _series(config, config.strategy, config.migrations)
+    primary = await _series(config, config.strategy, config.migrations)
     report: dict[str, Any] = {
         "benchmark": "migrate",
         "strategy": config.strategy,
@@ -265,16 +301,17 @@ async def run_migrate_bench(config: MigrateBenchConfig) -> dict[str, Any]:
         "sessions": config.sessions,
         "rate_per_session": round(config.rate / config.sessions, 2),
         "machine": {},
-        "migrations": [m.summary() for m in primary.migrations],
-        "summary": _series_summary(primary, replays),
+        "fence_probe": config.fence_probe,
+        "migrations": _migration_summaries(primary),
+        "summary": _series_summary(primary),
     }
     if config.compare:
         other: Strategy = "restart" if config.strategy == "shadow" else "shadow"
-        compared, other_replays = await _series(config, other, config.compare)
-        other_summary = _series_summary(compared, other_replays)
+        compared = await _series(config, other, config.compare)
+        other_summary = _series_summary(compared)
         report["comparison"] = {
             "strategy": other,
-            "migrations": [m.summary() for m in compared.migrations],
+            "migrations": _migration_summaries(compared),
             "summary": other_summary,
         }
         mine = report["summary"]["client_max_latency_ms"]["p50"]

@@ -156,6 +156,12 @@ def _print_journal(report: dict[str, Any]) -> None:
     " when it first moves (about rate / sessions * warmup turns).",
 )
 @click.option(
+    "--fence-probe",
+    is_flag=True,
+    help="Send one more message as each fence begins: a fence pause to measure in every"
+    " migration, at any rate (its reply latency is reported too).",
+)
+@click.option(
     "--max-backlog",
     "max_backlog_s",
     default=10.0,
@@ -176,6 +182,7 @@ def migrate(
     compare: int,
     quick: bool,
     warmup_s: float,
+    fence_probe: bool,
     max_backlog_s: float,
     as_json: bool,
     check: bool,
@@ -198,6 +205,7 @@ def migrate(
         compare=compare,
         warmup_s=warmup_s,
         max_backlog_s=max_backlog_s,
+        fence_probe=fence_probe,
     )
     if quick:
         config = dataclasses.replace(config, warmup_s=0.5, gap_s=0.3, loop_steps=100_000)
@@ -237,8 +245,10 @@ def _print_migrate(report: dict[str, Any]) -> None:
     table.add_column("figure")
     table.add_column("p50", justify="right")
     table.add_column("p99", justify="right")
-    for name in ("total_s", "fence_pause_ms", "client_max_latency_ms"):
-        table.add_row(name.replace("_", " "), str(summary[name]["p50"]), str(summary[name]["p99"]))
+    for name in ("total_s", "fence_pause_ms", "fence_probe_reply_ms", "client_max_latency_ms"):
+        if summary.get(name) is not None:
+            figure = summary[name]
+            table.add_row(name.replace("_", " "), str(figure["p50"]), str(figure["p99"]))
     if "comparison" in report:
         other = report["comparison"]
         table.add_row(

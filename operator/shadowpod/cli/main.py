@@ -13,6 +13,7 @@ from shadowpod.cli.golden import golden
 from shadowpod.cli.kubectl import kubectl
 from shadowpod.cli.node_agent import node_agent
 from shadowpod.cli.operator import operator
+from shadowpod.cli.up import migrate, status, up
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -29,6 +30,9 @@ cli.add_command(operator)
 cli.add_command(kubectl)
 cli.add_command(golden)
 cli.add_command(node_agent)
+cli.add_command(up)
+cli.add_command(migrate)
+cli.add_command(status)
 
 
 def main() -> None:

@@ -96,6 +96,10 @@ class ToolStatus(StrEnum):
     ERROR = "error"
     # The new owner found an intent without a result and chose not to repeat it.
     ABANDONED = "abandoned"
+    # The call stopped to ask (a framework's interrupt: human in the loop) before it
+    # finished: no outcome, no side effect owed; the framework runs it again when the
+    # answer resumes it.
+    INTERRUPTED = "interrupted"
 
 
 class ToolResultPayload(TurnScoped):

@@ -71,6 +71,7 @@ class CallStatus(StrEnum):
     OK = ToolStatus.OK.value
     ERROR = ToolStatus.ERROR.value
     ABANDONED = ToolStatus.ABANDONED.value
+    INTERRUPTED = ToolStatus.INTERRUPTED.value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

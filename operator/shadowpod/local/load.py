@@ -26,6 +26,7 @@ from shadowpod.stats import percentile
 
 RETRY_S: Final = 0.05
 GIVE_UP_S: Final = 60.0
+EXTRA_BASE: Final = 1_000_000  # the numbers of messages outside the steady rate
 
 
 @dataclass
@@ -94,6 +95,7 @@ class ClientLoad:
         self._last_seen = 0
         self._failures = 0
         self._first_open = 0  # index in ``sent`` of the oldest message without a reply
+        self._extras = 0
 
     # --- sending ----------------------------------------------------------------------
 
@@ -126,6 +128,21 @@ class ClientLoad:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             raise
+
+    def extra(self, label: str) -> Sent:
+        """A message outside the steady rate (a probe), sent now with ``send``; it is
+        one of the load's messages, judged as the others."""
+        self._extras += 1
+        message = Sent(
+            n=EXTRA_BASE + self._extras,
+            id=f"{self.prefix}-{label}-{self._extras}",
+            at=time.monotonic(),
+        )
+        self.sent.append(message)
+        return message
+
+    async def send(self, message: Sent) -> None:
+        await self._send(message)
 
     async def _send(self, message: Sent) -> None:
         deadline = time.monotonic() + GIVE_UP_S

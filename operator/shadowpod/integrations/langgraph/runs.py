@@ -12,6 +12,9 @@
   with a result is answered from the journal; one with an intent only is repeated
   if the tool is idempotent, and otherwise becomes an error ``ToolMessage`` saying
   so — the graph's history stays whole, and the side effect is never repeated.
+  An ``interrupt()`` inside a tool stops the graph to ask, journaled as the call's
+  ``interrupted`` result (not its error); the answer resumes the graph, which runs the
+  tool again from its start as LangGraph does, as a new call of the answering turn.
 - ``graph_handler`` is the whole ``@agent.on_message`` handler: one line.
 """
 
@@ -23,6 +26,7 @@ from typing import Any, Final
 from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
+from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt import ToolNode
 from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.pregel import Pregel
@@ -69,7 +73,16 @@ def tool_node(
         try:
             args = saver.codec.encode(call["args"])
             assert isinstance(args, dict)
-            recorded = await turn.call(f"{turn.seq}:{call_id}", name, args, run, idempotent=safe)
+            recorded = await turn.call(
+                f"{turn.seq}:{call_id}",
+                name,
+                args,
+                run,
+                idempotent=safe,
+                # ``interrupt()`` in the tool: the graph stops to ask, the call is not
+                # over (LangGraph runs the tool again from its start when resumed).
+                interrupts=(GraphInterrupt,),
+            )
         except ToolAbandoned as exc:
             return ToolMessage(
                 content=f"Not run again: {exc}. Tell the user it may or may not have happened.",

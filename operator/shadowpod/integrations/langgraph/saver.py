@@ -16,12 +16,16 @@ writes them as deltas, so one more turn costs the same at turn 10 and at turn
 
 The maps that grow with the conversation (headers and writes by checkpoint id,
 channel versions) are split into ``BUCKETS`` fixed buckets by a stable hash of
-their key, and a log into chunks of ``CHUNK`` items: a write copies (copy-on-write,
-in the turn and in every fold) one bucket or chunk, not a map of every checkpoint —
+their key (``retention.bucket``), and a log into chunks of ``CHUNK`` items: a write
+copies (copy-on-write, in the turn and in every fold) one bucket or chunk, not a
+map of every checkpoint —
 so the CPU of one more turn, like its bytes, stays flat as the conversation grows.
 
 Reads decode from the journaled JSON (a per-process cache of decoded log items keeps
 them O(change) too: the cache, not the journal, is what a new owner rebuilds).
+
+Checkpoints are pruned: the ``keep`` newest per thread (256 by default) and the head
+of every branch stay (``shadowpod.integrations.langgraph.retention``).
 
 Writes happen inside a turn (``saver.bound(turn)`` or ``saver.ainvoke``); outside
 one, a saver built on some state's values (``ShadowpodSaver(values=...)``) reads
@@ -31,7 +35,6 @@ one, a saver built on some state's values (``ShadowpodSaver(values=...)``) reads
 from __future__ import annotations
 
 import random
-import zlib
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -55,17 +58,13 @@ from pydantic import JsonValue
 
 from shadowpod.agent import Turn
 from shadowpod.integrations.langgraph.codec import ValueCodec
+from shadowpod.integrations.langgraph.retention import bucket, plan_pruning
 
 ROOT: Final = "langgraph"  # the key of ``turn.values`` the checkpoints live under
 StatePath = list[str | int]
 JsonList = list[Any]
-BUCKETS: Final = 64
 CHUNK: Final = 256
-
-
-def bucket(key: str) -> str:
-    """The bucket of a checkpoint id or a channel version (stable across processes)."""
-    return str(zlib.crc32(key.encode()) % BUCKETS)
+DEFAULT_KEEP: Final = 256
 
 
 _EMPTY: Final = object()
@@ -85,8 +84,15 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         *,
         values: Mapping[str, Any] | None = None,
         serde: SerializerProtocol | None = None,
+        keep: int | None = DEFAULT_KEEP,
     ) -> None:
+        """``keep``: the checkpoints kept per thread (and namespace), the newest,
+        besides the head of every branch (``shadowpod.integrations.langgraph.
+        retention``); ``None`` keeps them all, as LangGraph's own savers do."""
+        if keep is not None and keep < 1:
+            raise ValueError(f"keep={keep}: keep at least the newest checkpoint, or None for all")
         super().__init__(serde=serde)
+        self.keep = keep
         self.codec = ValueCodec(self.serde)
         self._values = values
         self._turn: ContextVar[Turn | None] = ContextVar(
@@ -273,7 +279,22 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             turn.set([*base, "checkpoints", held], {})
         turn.set([*base, "checkpoints", held, checkpoint_id], header)
         turn.set([*base, "latest"], checkpoint_id)
+        if self.keep is not None:
+            self._prune(turn, base, thread, ns)
         return _config(thread, ns, checkpoint_id)
+
+    def _prune(self, turn: Turn, base: StatePath, thread: str, ns: str) -> None:
+        data = self._thread(thread, ns)
+        assert data is not None and self.keep is not None
+        pruning = plan_pruning(base, data, self.keep, self.codec.decode)
+        if pruning is None:
+            return
+        for path in pruning.deletes:
+            turn.delete(path)
+        for path, value in pruning.sets:
+            turn.set(path, value)
+        for channel, log_no in pruning.forgotten:
+            self._logs.pop((thread, ns, channel, log_no), None)
 
     def _store(
         self,

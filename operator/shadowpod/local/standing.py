@@ -1,0 +1,257 @@
+"""A local deployment that keeps running: ``shadowpod up``, moved by ``shadowpod migrate``.
+
+``shadowpod demo`` starts a gateway and an agent, migrates, and stops everything. A
+``StandingDeployment`` instead starts a gateway and one session's owner in a work
+directory and keeps them serving; it is to a local deployment what the operator is to
+a cluster: it holds the runtime (the agents are its children) and runs each migration
+through the engine. Other commands reach it over a Unix socket in the work directory
+(``DeploymentService``, ``shadowpod.local.standing_client``):
+
+- ``GET /status`` — the gateway, the sessions with their owner (instance and image),
+  the migrations run;
+- ``POST /migrations`` ``{"session", "to"}`` — starts a migration, answers at once
+  with its id (202); an unknown session or image, or a migration already running for
+  the session, is a 4xx ``{"reason", "message"}``;
+- ``GET /migrations/{id}`` — its record as the engine saved it last.
+
+The migration runs here, not in the command that asked for it: a ``migrate`` that is
+interrupted stops watching, and the session keeps its owner whatever happens.
+``up.json`` in the work directory says where everything is (``deployment_file``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from aiohttp import web
+
+from shadowpod.engine.ports import ImageNotFound
+from shadowpod.engine.record import InstanceRef, MigrationRecord, Phase
+from shadowpod.local.deployment import LocalDeployment
+from shadowpod.local.images import ImageMap
+
+DEPLOYMENT_FILE: Final = "up.json"
+SOCKET_FILE: Final = "up.sock"
+
+
+def deployment_file(workdir: Path) -> Path:
+    return workdir / DEPLOYMENT_FILE
+
+
+@dataclass
+class StandingSession:
+    name: str
+    owner: InstanceRef
+    agent_token: str
+    running: asyncio.Task[MigrationRecord] | None = None
+
+
+class MigrationRefused(Exception):
+    """A migration that cannot start; ``reason`` one word, the message what to do."""
+
+    def __init__(self, reason: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.status = status
+
+
+class StandingDeployment:
+    """``start()`` brings up a gateway and ``session`` on ``image``; ``close()`` stops all."""
+
+    def __init__(self, workdir: Path, images: ImageMap, *, port: int | None = None) -> None:
+        self.workdir = workdir.absolute()
+        self.images = images
+        self.deployment = LocalDeployment(self.workdir, images)
+        if port is not None:
+            self.deployment.gateway.port = port
+        self.sessions: dict[str, StandingSession] = {}
+        self.migrations: dict[str, MigrationRecord] = {}
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.workdir / SOCKET_FILE
+
+    async def start(self, session: str, image: str) -> StandingSession:
+        self.images.resolve(image)  # an unknown image is refused before anything starts
+        await self.deployment.__aenter__()
+        owner = InstanceRef(name=self.deployment.next_name(session), image=image)
+        token = await self.deployment.create_session(
+            session, image=owner.image, instance=owner.name
+        )
+        standing = StandingSession(session, owner, token)
+        self.sessions[session] = standing
+        token_file = self.workdir / "sessions" / session / "agent-token"
+        token_file.parent.mkdir(parents=True, exist_ok=True)
+        token_file.write_text(token + "\n")
+        token_file.chmod(0o600)
+        await self._serve()
+        self._write_deployment_file()
+        return standing
+
+    async def close(self) -> None:
+        deployment_file(self.workdir).unlink(missing_ok=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self.socket.unlink(missing_ok=True)
+        for standing in self.sessions.values():
+            if standing.running is not None and not standing.running.done():
+                standing.running.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await standing.running
+        await self.deployment.__aexit__(None, None, None)
+
+    # --- what the socket serves ---------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        gateway = self.deployment.gateway
+        return {
+            "pid": os.getpid(),
+            "workdir": str(self.workdir),
+            "gateway": gateway.url,
+            "control_token_file": str(gateway.workdir / "control-token"),
+            "journal": gateway.journal_url,
+            "images": sorted(self.images.images),
+            "sessions": [
+                {
+                    "session": s.name,
+                    "url": f"{gateway.url}/v1/sessions/{s.name}",
+                    "owner": s.owner.name,
+                    "image": s.owner.image,
+                    "migrating": s.running is not None and not s.running.done(),
+                    "log": str(self.workdir / "instances" / s.owner.name / "agent.log"),
+                }
+                for s in self.sessions.values()
+            ],
+            "migrations": [
+                {
+                    "id": r.spec.id,
+                    "session": r.spec.session,
+                    "from": r.spec.source.image,
+                    "to": r.spec.target.image,
+                    "phase": r.phase.value,
+                    "reason": r.reason,
+                }
+                for r in self.migrations.values()
+            ],
+        }
+
+    def migrate(self, session: str | None, target: str) -> MigrationRecord:
+        """Start a migration of ``session`` (the only one when ``None``) to ``target``."""
+        standing = self._session(session)
+        if standing.running is not None and not standing.running.done():
+            raise MigrationRefused(
+                "MigrationRunning",
+                f"session {standing.name!r} is being migrated already: wait for it to end "
+                "(shadowpod status)",
+                status=409,
+            )
+        try:
+            self.images.resolve(target)
+        except ImageNotFound as exc:
+            raise MigrationRefused(
+                "ImageNotFound", f"{exc}: add it to the image map given to shadowpod up"
+            ) from exc
+        record = self.deployment.plan(standing.name, source=standing.owner, target_image=target)
+        self.migrations[record.spec.id] = record
+        standing.running = asyncio.create_task(
+            self._run(standing, record), name=f"migrate-{record.spec.id}"
+        )
+        return record
+
+    async def record(self, migration_id: str) -> MigrationRecord | None:
+        saved = await self.deployment.records.load(migration_id)
+        if saved is not None and migration_id in self.migrations:
+            # The engine saves before each phase acts; the end is kept here too.
+            known = self.migrations[migration_id]
+            return known if known.done and not saved.done else saved
+        return saved or self.migrations.get(migration_id)
+
+    def _session(self, session: str | None) -> StandingSession:
+        if session is None:
+            if len(self.sessions) != 1:
+                raise MigrationRefused("SessionRequired", "name the session to migrate")
+            return next(iter(self.sessions.values()))
+        found = self.sessions.get(session)
+        if found is None:
+            known = ", ".join(sorted(self.sessions)) or "none"
+            raise MigrationRefused(
+                "SessionNotFound",
+                f"no session {session!r} in this deployment (sessions: {known})",
+                status=404,
+            )
+        return found
+
+    async def _run(self, standing: StandingSession, record: MigrationRecord) -> MigrationRecord:
+        try:
+            record = await self.deployment.migrate(record)
+        except Exception as exc:  # noqa: BLE001 — said in the record, the deployment lives on
+            record = record.model_copy(
+                update={"phase": Phase.FAILED, "error": f"{type(exc).__name__}: {exc}"}
+            )
+        self.migrations[record.spec.id] = record
+        if record.phase is Phase.SUCCEEDED:
+            standing.owner = record.spec.target
+        elif record.phase is Phase.FAILED:
+            # Failed after the epoch bump, the target may own the session: follow the truth.
+            with contextlib.suppress(Exception):
+                ownership = await self.deployment.control.ownership(standing.name)
+                if ownership.owner == record.spec.target.name:
+                    standing.owner = record.spec.target
+        self._write_deployment_file()
+        return record
+
+    async def _serve(self) -> None:
+        app = web.Application()
+        app.router.add_get("/status", _json(self._get_status))
+        app.router.add_post("/migrations", _json(self._post_migration))
+        app.router.add_get("/migrations/{id}", _json(self._get_migration))
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        self.socket.unlink(missing_ok=True)
+        await web.UnixSite(self._runner, str(self.socket)).start()
+
+    async def _get_status(self, request: web.Request) -> tuple[int, Any]:
+        return 200, self.status()
+
+    async def _post_migration(self, request: web.Request) -> tuple[int, Any]:
+        try:
+            body = await request.json()
+            session, target = body.get("session"), body["to"]
+        except (ValueError, KeyError, AttributeError):
+            return 400, {"reason": "BadRequest", "message": 'send {"to": IMAGE, "session": S}'}
+        try:
+            record = self.migrate(session, str(target))
+        except MigrationRefused as exc:
+            return exc.status, {"reason": exc.reason, "message": str(exc)}
+        return 202, {"id": record.spec.id, "record": record.model_dump(mode="json")}
+
+    async def _get_migration(self, request: web.Request) -> tuple[int, Any]:
+        record = await self.record(request.match_info["id"])
+        if record is None:
+            return 404, {"reason": "MigrationNotFound", "message": "no such migration"}
+        return 200, record.model_dump(mode="json")
+
+    def _write_deployment_file(self) -> None:
+        path = deployment_file(self.workdir)
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps({**self.status(), "socket": str(self.socket)}, indent=2))
+        temporary.replace(path)
+
+
+def _json(
+    call: Callable[[web.Request], Awaitable[tuple[int, Any]]],
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    async def handle(request: web.Request) -> web.Response:
+        status, body = await call(request)
+        return web.json_response(body, status=status)
+
+    return handle
