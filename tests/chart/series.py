@@ -48,6 +48,9 @@ def metric_names() -> set[str]:
     metrics.phase_entered.labels(phase="Fencing").set(0)
     metrics.sessions.labels(phase="Running").set(1)
     metrics.reconcile_errors.labels(kind="AgentSession", reason="Conflict").inc()
+    metrics.validation_turns.labels(judge="semantic", source="live").inc(5)
+    metrics.validation_agreement.labels(source="live").observe(0.8)
+    metrics.validation_rollbacks.labels(reason="ValidationFailed").inc()
     return {key.split("{", 1)[0] for key in exposition(metrics)}
 
 

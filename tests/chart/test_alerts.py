@@ -36,6 +36,7 @@ ALERTS = [
     "ShadowpodMigrationsFailing",
     "ShadowpodMigrationStuck",
     "ShadowpodFencePauseHigh",
+    "ShadowpodUpgradeGateUnavailable",
     "ShadowpodSessionWithoutReadyOwner",
     "ShadowpodOperatorAbsent",
 ]
@@ -215,6 +216,48 @@ def test_long_fence_pauses_fire(rules: Path) -> None:
         ]
     }
     run_case(rules, 60, migrations(duration=8, pause=3.0), expected, eval_minute=60)
+
+
+def gated_upgrades(reason: str) -> Step:
+    """Upgrades every 5 minutes, each rolled back by its upgrade gate with ``reason``."""
+
+    def step(minute: int, metrics: OperatorMetrics) -> None:
+        metrics.sessions.labels(phase="Running").set(3)
+        if minute == 0 or minute % 5:
+            return
+        metrics.migrations.labels(result="RolledBack", reason=reason).inc()
+        metrics.migration_duration.labels(result="RolledBack").observe(20)
+        metrics.validation_rollbacks.labels(reason=reason).inc()
+        if reason == "ValidationFailed":
+            metrics.validation_turns.labels(judge="semantic", source="live").inc(5)
+            metrics.validation_agreement.labels(source="live").observe(0.6)
+
+    return step
+
+
+def test_upgrades_a_gate_rejects_are_no_failing_migrations(rules: Path) -> None:
+    # The gate doing its job (a version that answers worse stays out) pages nobody.
+    run_case(rules, 90, gated_upgrades("ValidationFailed"), {}, eval_minute=90)
+
+
+def test_a_gate_that_cannot_judge_fires_at_once(rules: Path) -> None:
+    gate = alert(
+        "warning",
+        "shadowpodupgradegateunavailable",
+        "An upgrade gate could not judge a migration in the last hour: it rolled back.",
+        "A migration rolled back with ValidationUnavailable: the judge's model or endpoint,"
+        " a golden ConfigMap or a shadow's agent API could not be used; image changes gated"
+        " by it do not land.",
+    )
+    failing = alert(
+        "warning",
+        "shadowpodmigrationsfailing",
+        "More than 10% of migrations in the last hour did not succeed.",
+        "100% of the last hour's migrations rolled back or failed.",
+    )
+    expected = {"ShadowpodUpgradeGateUnavailable": [gate], "ShadowpodMigrationsFailing": [failing]}
+    run_case(rules, 30, gated_upgrades("ValidationUnavailable"), expected, eval_minute=30)
+    run_case(rules, 30, gated_upgrades("ValidationUnavailable"), {}, eval_minute=4)
 
 
 def test_a_session_without_a_ready_owner_fires_after_five_minutes(rules: Path) -> None:

@@ -213,6 +213,7 @@ def test_everything_on_adds_monitoring_policies_and_budget(everything_on: Render
         "ShadowpodMigrationsFailing",
         "ShadowpodMigrationStuck",
         "ShadowpodFencePauseHigh",
+        "ShadowpodUpgradeGateUnavailable",
         "ShadowpodSessionWithoutReadyOwner",
         "ShadowpodOperatorAbsent",
     ]
@@ -301,6 +302,8 @@ def test_rbac_cluster_wide_by_default_without_node_proxy(defaults: Rendered) -> 
     assert grants(cluster, "customresourcedefinitions") == {"get", "list", "watch"}
     assert grants(sessions, "pods") == {"get", "list", "create", "patch", "delete"}
     assert grants(sessions, "secrets") == {"get", "create"}
+    # Golden sessions read, the answers an upgrade gate compared written.
+    assert grants(sessions, "configmaps") == {"get", "create", "patch"}
     assert grants(sessions, "agentsessions") == {"get", "list", "watch", "patch"}
     assert grants(sessions, "agentmigrations") == {
         "get",

@@ -23,6 +23,7 @@ from shadowpod.kube.models.v1alpha1 import (
     AgentSessionSpec,
     MigrationPolicy,
     SessionPhase,
+    ValidationPolicy,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -247,8 +248,20 @@ def test_defaults_in_the_crd_are_the_models_defaults() -> None:
     ]["spec"]["properties"]
     policy = spec["migration"]["properties"]
     model = MigrationPolicy()
-    assert {name: field["default"] for name, field in policy.items()} == model.to_kube()
+    defaulted = {name: field["default"] for name, field in policy.items() if "default" in field}
+    assert defaulted == model.to_kube()
+    assert set(policy) - set(defaulted) == {"validation", "persona"}  # gates are asked for
     assert spec["migration"]["default"] == {}
+    gate = policy["validation"]["properties"]
+    # Lists default to absent in the CRD and to empty in the models: the same to both.
+    defaults = ValidationPolicy().to_kube()
+    assert {k: v["default"] for k, v in gate.items() if "default" in v} == {
+        k: v for k, v in defaults.items() if k != "gate" and v != []
+    } | {"gate": {}}
+    judge = gate["gate"]["properties"]
+    assert {k: v["default"] for k, v in judge.items() if "default" in v} == {
+        k: v for k, v in defaults["gate"].items() if v != []
+    }
     assert spec["checkpoint"]["properties"]["intervalEntries"]["default"] == 10_000
     assert spec["journalRetentionPolicy"]["properties"]["whenDeleted"]["default"] == "Retain"
 

@@ -291,6 +291,95 @@ CASES: Final = [
         edit(SESSION, {"spec.migration.phaseTimeoutSeconds": 121}),
         refused="spec.migration: phaseTimeoutSeconds may not exceed maxDurationSeconds",
     ),
+    # the upgrade gate
+    Case(
+        "a semantic gate on five live turns and a golden",
+        edit(
+            SESSION,
+            {
+                "spec.migration.validation": {
+                    "turns": 5,
+                    "gate": {"judge": "Semantic", "agreementPercent": 90},
+                    "goldens": [{"configMap": "goldens", "key": "ada.jsonl"}],
+                }
+            },
+        ),
+    ),
+    Case(
+        "an LLM judge with its key in a Secret",
+        edit(
+            SESSION,
+            {
+                "spec.migration.validation.gate": {
+                    "judge": "LLM",
+                    "llm": {
+                        "url": "http://judge:8000/v1",
+                        "model": "small",
+                        "apiKeySecretRef": {"name": "judge", "key": "key"},
+                    },
+                }
+            },
+        ),
+    ),
+    Case(
+        "an LLM judge without its endpoint",
+        edit(SESSION, {"spec.migration.validation.gate": {"judge": "LLM"}}),
+        refused="spec.migration.validation.gate: judge LLM needs llm",
+    ),
+    Case(
+        "an LLM judge's key written in the policy",
+        edit(
+            SESSION,
+            {
+                "spec.migration.validation.gate": {
+                    "judge": "LLM",
+                    "llm": {"url": "http://judge:8000/v1", "model": "small", "apiKey": "sk-1"},
+                }
+            },
+        ),
+        refused="apiKey",
+    ),
+    Case(
+        "a gate that compares nothing",
+        edit(SESSION, {"spec.migration.validation": {"turns": 0}}),
+        refused="spec.migration.validation: validation compares nothing",
+    ),
+    Case(
+        "a gate waiting longer than the migration may last",
+        edit(SESSION, {"spec.migration.validation": {"timeoutSeconds": 121}}),
+        refused="spec.migration: validation.timeoutSeconds may not exceed maxDurationSeconds",
+    ),
+    Case(
+        "an agreement over 100 percent",
+        edit(SESSION, {"spec.migration.validation": {"gate": {"agreementPercent": 101}}}),
+        refused="agreementPercent",
+    ),
+    Case(
+        "a migration's own gate that compares nothing",
+        edit(MIGRATION, {"spec.validation": {"turns": 0}}),
+        refused="spec.validation: validation compares nothing",
+    ),
+    Case(
+        "a persona check that re-anchors",
+        edit(SESSION, {"spec.migration.persona": {"judge": "Semantic", "onDrift": "Reanchor"}}),
+    ),
+    Case(
+        "a persona check that would drift on a whim",
+        edit(SESSION, {"spec.migration.persona": {"onDrift": "Ignore"}}),
+        refused="onDrift",
+    ),
+    Case(
+        "a migration's persona check changed after its creation",
+        edit(MIGRATION, {"spec.persona": {"onDrift": "Rollback"}}),
+        old=edit(MIGRATION, {"spec.persona": {"onDrift": "Warn"}}),
+        refused="spec: persona is immutable",
+    ),
+    Case(
+        "a migration's gate changed after its creation",
+        edit(MIGRATION, {"spec.validation": {"turns": 3}}),
+        old=edit(MIGRATION, {"spec.validation": {"turns": 5}}),
+        refused="spec: validation is immutable",
+    ),
     Case(
         "fence attempts that just fit",
         edit(
@@ -449,6 +538,26 @@ CASES: Final = [
         "a policy copy whose fence does not fit",
         edit(MIGRATION, {"status.policy": {"fenceTimeoutSeconds": 600}}),
         refused="status.policy: fenceTimeoutSeconds x maxFenceAttempts must fit",
+    ),
+    Case(
+        "a policy copy whose gate compares nothing",
+        edit(MIGRATION, {"status.policy": {"validation": {"turns": 0}}}),
+        refused="status.policy.validation: validation compares nothing",
+    ),
+    Case(
+        "a policy copy whose gate outlasts it",
+        edit(MIGRATION, {"status.policy": {"validation": {"timeoutSeconds": 3600}}}),
+        refused="status.policy: validation.timeoutSeconds may not exceed",
+    ),
+    Case(
+        "a policy copy with an LLM judge and no endpoint",
+        edit(MIGRATION, {"status.policy": {"validation": {"gate": {"judge": "LLM"}}}}),
+        refused="status.policy.validation.gate: judge LLM needs llm",
+    ),
+    Case(
+        "a migration's own LLM judge without its endpoint",
+        edit(MIGRATION, {"spec.validation": {"gate": {"judge": "LLM"}}}),
+        refused="spec.validation.gate: judge LLM needs llm",
     ),
     Case(
         "a phase the engine does not have",

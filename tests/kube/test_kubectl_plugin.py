@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from click.testing import CliRunner, Result
 
-from shadowpod.cli.kubectl import kubectl
-from tests.kube.operator_world import World, session_manifest
+from tests.kube.operator_world import World, plugin, session_manifest
 
 pytestmark = pytest.mark.timeout(240)
-
-
-async def plugin(world: World, *args: str) -> Result:
-    """``kubectl shadowpod ARGS``, as kubectl runs it (its own process' event loop)."""
-    runner = CliRunner()
-    base = ["--kubeconfig", str(world.kube.kubeconfig), "-n", world.namespace]
-    wide = {"COLUMNS": "200"}  # a wide terminal: rich fits tables to its width
-    return await asyncio.to_thread(
-        runner.invoke, kubectl, [*base, *args], env=wide, catch_exceptions=False
-    )
 
 
 async def test_status_migrate_wait_and_history(world: World) -> None:

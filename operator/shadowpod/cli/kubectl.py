@@ -1,13 +1,16 @@
 """``kubectl shadowpod`` (installed as ``kubectl-shadowpod``; also ``shadowpod kubectl``):
-status, migrate (``--wait`` shows the phases as they pass), cancel, history, logs.
+status, migrate (``--wait`` shows the phases as they pass), cancel, history, logs, diff.
 
-Exit codes: 0 done (a waited migration succeeded), 1 a waited migration did not
-succeed, 2 bad usage or something not found, 3 the API server could not be reached.
+Exit codes: 0 done (a waited migration succeeded; ``diff``: the gate passed), 1 a waited
+migration did not succeed (``diff``: the gate failed), 2 bad usage or something not
+found, 3 the API server could not be reached.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -16,6 +19,7 @@ import click
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from shadowpod.cli.errors import fail
 from shadowpod.domain.errors import ShadowpodError
@@ -215,6 +219,78 @@ async def _pods_and_namespace(
     plugin: Any, api: Any, namespace: str, session: str
 ) -> tuple[str, list[dict[str, Any]]]:
     return namespace, await plugin.pods(api, namespace, session)
+
+
+@kubectl.command()
+@click.argument("migration")
+@click.option("--disagreements", is_flag=True, help="Only the turns the judge disagreed on.")
+@click.option("--json", "as_json", is_flag=True, help="The verdict and every answer, as JSON.")
+@click.pass_obj
+def diff(target: Any, migration: str, disagreements: bool, as_json: bool) -> None:
+    """The answers MIGRATION's upgrade gate compared: the old version's and the new one's,
+    side by side, with the judge's score and reason. Exits 1 when the gate failed."""
+    from shadowpod.kube import plugin
+
+    body, kept = _run(target, lambda api, ns: plugin.validation_answers(api, ns, migration))
+    verdict = (body.get("status") or {}).get("validation")
+    if verdict is None or kept is None:
+        fail(
+            f"AgentMigration {migration!r} compared no answers: it ran no upgrade gate"
+            " (spec.validation, or its session's spec.migration.validation on an image"
+            " change), or has not reached Validating yet",
+            NOT_FOUND,
+        )
+    if as_json:
+        document = {"migration": migration, "validation": verdict, **kept.model_dump(mode="json")}
+        click.echo(json.dumps(document, indent=2))
+    else:
+        _print_answers(migration, verdict, kept, disagreements=disagreements)
+    if not verdict.get("passed"):
+        sys.exit(NOT_SUCCEEDED)
+
+
+def _print_answers(name: str, verdict: dict[str, Any], kept: Any, *, disagreements: bool) -> None:
+    console = Console()
+    outcome = "passed" if verdict.get("passed") else "FAILED"
+    console.print(
+        f"{name}: {kept.source_image} -> {kept.target_image}: {outcome}"
+        + (f" ({verdict['message']})" if verdict.get("message") else ""),
+        markup=False,
+        highlight=False,
+    )
+    for found in kept.comparisons:
+        what = f"golden session {found.golden}" if found.golden else "live turns"
+        if found.golden is None and verdict.get("fromSeq") is not None:
+            what += f" after seq {verdict['fromSeq']}"
+        console.print(
+            f"{what}: {found.agreed}/{found.compared} agree by the {found.judge} judge"
+            f" (needs {found.threshold:.0%}): {'passed' if found.passed else 'FAILED'}",
+            markup=False,
+            highlight=False,
+        )
+        table = Table(
+            "SEQ",
+            "",
+            "SCORE",
+            f"OLD ({kept.source_image})",
+            f"NEW ({kept.target_image})",
+            "WHY",
+            show_lines=True,
+        )
+        for turn in found.turns:
+            if disagreements and turn.agreed:
+                continue
+            table.add_row(
+                str(turn.seq),
+                "=" if turn.agreed else "✗",
+                f"{turn.score:.2f}",
+                Text(turn.old),
+                Text(turn.new),
+                Text(turn.reason),
+            )
+        console.print(table)
+    if kept.cut:
+        console.print(f"({kept.cut} answers were cut short to fit in the ConfigMap)")
 
 
 def main() -> None:

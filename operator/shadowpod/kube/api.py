@@ -46,6 +46,7 @@ def namespaced(plural: str, namespace: str, name: str | None = None) -> str:
     prefix = {
         "pods": "/api/v1",
         "secrets": "/api/v1",
+        "configmaps": "/api/v1",
         "events": "/api/v1",
         "poddisruptionbudgets": "/apis/policy/v1",
         "agentsessions": f"/apis/{GROUP}/{VERSION}",

@@ -54,6 +54,9 @@ PAUSE_BUCKETS: Final = (
     600.0,
 )
 
+# The share of compared turns that agreed: finer where the gates' thresholds are.
+AGREEMENT_BUCKETS: Final = (0.1, 0.25, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)
+
 
 class OperatorMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -116,6 +119,33 @@ class OperatorMetrics:
             ["kind", "reason"],
             registry=r,
         )
+        self.validation_turns = Counter(
+            "shadowpod_validation_turns_compared",
+            "Turns an upgrade gate compared, by judge and by what was compared (live turns,"
+            " or a golden session).",
+            ["judge", "source"],
+            registry=r,
+        )
+        self.validation_agreement = Histogram(
+            "shadowpod_validation_agreement_ratio",
+            "The share of compared turns an upgrade gate found in agreement, one observation"
+            " per comparison (live turns, or a golden session).",
+            ["source"],
+            buckets=AGREEMENT_BUCKETS,
+            registry=r,
+        )
+        self.validation_rollbacks = Counter(
+            "shadowpod_migrations_rolled_back_by_validation",
+            "Migrations an upgrade gate rolled back, by reason: ValidationFailed (the target"
+            " answered worse), ValidationUnavailable (the comparison could not be made) or"
+            " PersonaDrift (the target no longer says who the agent is).",
+            ["reason"],
+            registry=r,
+        )
+        # Both series exist from the start at 0: the first rollback is an increase an
+        # alert can see, not a new series whose first sample is already 1.
+        for reason in ("ValidationFailed", "ValidationUnavailable", "PersonaDrift"):
+            self.validation_rollbacks.labels(reason=reason)
         self.build_info = Gauge(
             "shadowpod_build_info",
             "Always 1; the labels say which build runs.",

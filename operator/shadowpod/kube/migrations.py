@@ -30,8 +30,11 @@ from shadowpod.engine.record import (
     MigrationSpec,
     Phase,
 )
-from shadowpod.kube import checkpointers, conditions, names, podcheckpoints
+from shadowpod.engine.record import ValidationPolicy as EngineValidation
+from shadowpod.gates.persona import PersonaPolicy as EnginePersona
+from shadowpod.kube import checkpointers, conditions, names, podcheckpoints, validation
 from shadowpod.kube.api import namespaced
+from shadowpod.kube.comparisons import ClusterValidator, warm_semantic_judge
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
 from shadowpod.kube.models.v1alpha1 import AgentMigration, AgentSession, MigrationCondition
@@ -51,7 +54,11 @@ logger = logging.getLogger("shadowpod.operator")
 TURN_POLL_S: Final = 1.0
 
 
-def engine_policy(session: AgentSession) -> MigrationPolicy:
+def engine_policy(
+    session: AgentSession,
+    validation: EngineValidation | None = None,
+    persona: EnginePersona | None = None,
+) -> MigrationPolicy:
     policy = session.spec.migration
     return MigrationPolicy(
         fence_timeout_s=policy.fence_timeout_seconds,
@@ -61,6 +68,8 @@ def engine_policy(session: AgentSession) -> MigrationPolicy:
         phase_timeout_s=policy.phase_timeout_seconds,
         drain_grace_s=policy.drain_grace_period_seconds,
         rollback_on_failure=policy.rollback_on_failure,
+        validation=validation,
+        persona=persona,
     )
 
 
@@ -97,7 +106,11 @@ async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
     async with ctx.lock(f"migration/{namespace}/{name}"):
         record = records.stored()
         if record is None:
-            record = await _new_record(ctx, session, migration)
+            try:
+                record = await _new_record(ctx, session, migration)
+            except validation.InvalidValidationPolicy as exc:
+                await _refuse(ctx, records, body, exc.reason, str(exc))
+                return
             if record is None:
                 message = f"AgentSession {session_name!r} has no owner pod yet"
                 await _refuse(ctx, records, body, "NoOwner", message)
@@ -108,7 +121,7 @@ async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
             record = record.model_copy(update={"recoveries": record.recoveries + 1})
         await _mark_active(ctx, session, name)
         engine = await _engine(ctx, session, migration, records, record)
-        task = asyncio.create_task(engine.run(record))
+        task = asyncio.create_task(_run_engine(engine, record))
         stop_waiter = asyncio.ensure_future(stopped.wait())
         try:
             await asyncio.wait({task, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -148,7 +161,7 @@ async def cancel(ctx: OperatorContext, body: dict[str, Any]) -> None:
                 error="the AgentMigration was deleted: rolled back; the source kept serving",
             )
         engine = await _engine(ctx, session, migration, records, record)
-        record = await engine.run(record)
+        record = await _run_engine(engine, record)
         await _finish(ctx, session, records, record)
 
 
@@ -174,7 +187,34 @@ async def _engine(
             migration=name,
             node=migration.spec.target.node_name,
         )
-    return MigrationEngine(runtime, ctx.control, records, checkpointer=checkpointer)
+    validator = None
+    gates = record.spec.policy
+    if gates.validation is not None or gates.persona is not None:
+        validator = ClusterValidator(
+            ctx,
+            records.migration,
+            session=session.metadata.name or "",
+            source_image=record.spec.source.image,
+            target_image=record.spec.target.image,
+            policy=validation.policy_of(session, migration, image_changes=True),
+        )
+        judges: set[str] = {gates.persona.judge} if gates.persona is not None else set()
+        if gates.validation is not None:
+            judges.add(gates.validation.gate.judge)
+        if "semantic" in judges:
+            warm_semantic_judge()
+    return MigrationEngine(
+        runtime, ctx.control, records, checkpointer=checkpointer, validator=validator
+    )
+
+
+async def _run_engine(engine: MigrationEngine, record: MigrationRecord) -> MigrationRecord:
+    """The engine's run, its validator's connections closed after."""
+    try:
+        return await engine.run(record)
+    finally:
+        if isinstance(engine.validator, ClusterValidator):
+            await engine.validator.close()
 
 
 async def _mark_active(ctx: OperatorContext, session: AgentSession, migration: str) -> None:
@@ -225,6 +265,22 @@ async def _new_record(
             namespaced("agentmigrations", namespace, migration.metadata.name or ""),
             {"metadata": {"annotations": {checkpointers.MECHANISM_ANNOTATION: choice.mechanism}}},
         )
+    changes = target_image != source_image
+    persona = validation.persona_of(session, migration, image_changes=changes)
+    policy = validation.policy_of(session, migration, image_changes=changes)
+    gate = None
+    if policy is not None:
+        own = migration.spec.validation is not None
+        field = (
+            "spec.validation"
+            if own
+            else f"AgentSession {session.metadata.name}: spec.migration.validation"
+        )
+        if found := await validation.policy_problems(ctx, namespace, policy, field=field):
+            raise validation.InvalidValidationPolicy(
+                "; ".join(found) + ": the migration did not start; correct it and create another"
+            )
+        gate = validation.engine_policy(policy, namespace, field=field)
     spec = MigrationSpec(
         id=f"{namespace}/{migration.metadata.name}",
         session=gid,
@@ -235,7 +291,9 @@ async def _new_record(
         strategy=choice.engine_strategy,
         fallback=choice.fallback,
         credentials=[c.name for c in session.spec.credentials],
-        policy=engine_policy(session),
+        policy=engine_policy(
+            session, gate, None if persona is None else validation.engine_persona(persona)
+        ),
         reason=migration.spec.reason,
     )
     return MigrationRecord(spec=spec, strategy_note=choice.message)

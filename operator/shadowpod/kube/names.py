@@ -87,6 +87,15 @@ def drain_migration(session: str, node: str, owner_pod: str) -> str:
     return f"{session}-drain-{digest}"
 
 
+def validation_answers(migration: str) -> str:
+    """The ConfigMap holding the answers a migration's upgrade gate compared."""
+    name = f"{migration}-answers"
+    if len(name) <= 253:
+        return name
+    digest = hashlib.sha256(migration.encode()).hexdigest()[:10]
+    return f"{migration[: 253 - len(digest) - 9].rstrip('-.')}-{digest}-answers"
+
+
 def session_selector(session: str) -> dict[str, str]:
     return {SESSION_LABEL: session}
 

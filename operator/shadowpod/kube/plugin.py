@@ -1,5 +1,6 @@
 """What ``kubectl shadowpod`` reads and writes, without rendering (``cli.kubectl`` draws
-the tables and the progress bar): sessions, migrations, a new migration, a cancel."""
+the tables and the progress bar): sessions, migrations, a new migration, a cancel, the
+answers an upgrade gate compared."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio import config as kube_config
 
-from shadowpod.kube import names
+from shadowpod.kube import answers, names
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.models.v1alpha1 import API_VERSION
 
@@ -98,3 +99,13 @@ async def cancel(api: KubeApi, namespace: str, name: str) -> bool:
 
 async def pods(api: KubeApi, namespace: str, session: str) -> list[dict[str, Any]]:
     return await api.list(namespaced("pods", namespace), labels=names.session_selector(session))
+
+
+async def validation_answers(
+    api: KubeApi, namespace: str, name: str
+) -> tuple[dict[str, Any], answers.Answers | None]:
+    """The migration ``name`` and the answers its upgrade gate compared, if any."""
+    found = await migration(api, namespace, name)
+    if found is None:
+        raise LookupError(f"AgentMigration {name!r} not found in namespace {namespace!r}")
+    return found, await answers.load(api, namespace, name)

@@ -10,20 +10,26 @@ event, on the migration and on its session, and feeds the metrics.
 from __future__ import annotations
 
 import logging
+import math
+import re
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from shadowpod.engine.record import TERMINAL, MigrationRecord, Phase
+from shadowpod.engine.record import TERMINAL, MigrationRecord, Phase, ValidationSummary
 from shadowpod.kube import conditions, names
 from shadowpod.kube.api import namespaced
 from shadowpod.kube.context import EventType, OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
 from shadowpod.kube.models.v1alpha1 import MigrationCondition
+from shadowpod.kube.models.v1alpha1.validation import WORST_SHOWN
 
 logger = logging.getLogger("shadowpod.operator")
 RECORD_ANNOTATION: Final = f"{names.PREFIX}/record"
 # The CRIU strategy's mechanism, as the strategy chose it (``checkpointers``).
 MECHANISM_ANNOTATION: Final = f"{names.PREFIX}/checkpoint-mechanism"
+VALIDATION_REASONS: Final = ("ValidationFailed", "ValidationUnavailable", "PersonaDrift")
+# How a verdict names a disagreement: "turn 21 (score 0.77): why; source said …".
+_WORST: Final = re.compile(r"^turn (\d+) \(score ([0-9.]+)\): (.*?)(?:; source said |$)", re.S)
 RESULTS: Final = {
     Phase.SUCCEEDED: "Succeeded",
     Phase.ROLLED_BACK: "RolledBack",
@@ -46,6 +52,71 @@ def seconds_time(seconds: float | None) -> str | None:
 
 def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else round(seconds * 1000)
+
+
+def _percent(ratio: float) -> int:
+    """Rounded down, so a verdict never reads better than it is (2/3 is 66, not 67)."""
+    return max(0, min(100, math.floor(ratio * 100 + 1e-9)))
+
+
+def disagreements(summary: ValidationSummary) -> list[dict[str, Any]]:
+    """The verdict's worst disagreements by reference: seq, score, reason."""
+    found = []
+    for line in summary.worst:
+        if (match := _WORST.match(line)) is None:
+            continue
+        item: dict[str, Any] = {
+            "seq": int(match[1]),
+            "scorePercent": _percent(float(match[2])),
+            "reason": match[3][:512],
+        }
+        if summary.golden is not None:
+            item["golden"] = summary.golden[:512]
+        found.append(item)
+    return found
+
+
+def validation_status(record: MigrationRecord) -> dict[str, Any] | None:
+    """The upgrade gate's verdict for the status: small; the answers are in a ConfigMap."""
+    live = record.validation
+    goldens = record.golden_validations
+    if live is None and not goldens:
+        return None
+    verdicts = [*goldens, *([] if live is None else [live])]
+    first = verdicts[0]
+    worst = [d for v in verdicts for d in disagreements(v)]
+    worst.sort(key=lambda d: (d["scorePercent"], d["seq"]))
+    failing = next((v for v in verdicts if not v.passed), None)
+    policy = record.spec.policy.validation
+    live_done = live is not None or (policy is not None and policy.turns == 0)
+    status: dict[str, Any] = {
+        "judge": first.judge,
+        "compared": 0 if live is None else live.compared,
+        "agreed": 0 if live is None else live.agreed,
+        "agreementPercent": 0 if live is None else _percent(live.agreement),
+        "thresholdPercent": _percent(first.threshold),
+        "passed": failing is None and live_done,
+        "fromSeq": None if live is None else live.from_seq,
+        "toSeq": None if live is None else live.to_seq,
+        "worst": worst[:WORST_SHOWN],
+        "goldens": [
+            {
+                "golden": v.golden or "",
+                "compared": v.compared,
+                "agreed": v.agreed,
+                "passed": v.passed,
+            }
+            for v in goldens
+        ],
+        "answers": names.validation_answers(record.spec.id.partition("/")[2]),
+        "message": (
+            (failing or live or first).message
+            if failing is not None or live_done
+            else f"{len(goldens)} golden session(s) passed; the live turns are being compared"
+        )[:2048]
+        or None,
+    }
+    return status
 
 
 def status_of(record: MigrationRecord, *, generation: int | None, old: list[Any]) -> dict[str, Any]:
@@ -95,6 +166,18 @@ def status_of(record: MigrationRecord, *, generation: int | None, old: list[Any]
             "requestSeq": record.snapshot_request_seq,
             "watermarkSeq": record.snapshot_watermark,
         },
+        "validation": validation_status(record),
+        "persona": [
+            {
+                "stage": check.stage,
+                "instance": check.instance,
+                "drifted": check.drifted,
+                "scorePercent": _percent(check.score),
+                "reason": check.reason[:512],
+                "action": check.action or None,
+            }
+            for check in record.persona_checks[-8:]
+        ],
         "fenceAttempts": record.fence_attempts,
         "fence": None
         if record.fence is None
@@ -143,6 +226,7 @@ class MigrationRecords:
         return self.stored()
 
     async def save(self, record: MigrationRecord) -> None:
+        before = self.stored()
         patched = await self.ctx.api.patch(
             self.path, {"metadata": {"annotations": {RECORD_ANNOTATION: record.model_dump_json()}}}
         )
@@ -159,12 +243,45 @@ class MigrationRecords:
         patched_status = await self.ctx.api.patch(f"{self.path}/status", {"status": status})
         if patched_status is not None:
             self.migration = patched_status
+        await self._judged(before, record)
         if record.strategy_note != self._note and record.strategy_note is not None:
             await self._strategy_said(record, first=self._phase is None)
             self._note = record.strategy_note
         if record.phase is not self._phase:
             await self._phase_changed(record)
             self._phase = record.phase
+
+    async def _judged(self, before: MigrationRecord | None, record: MigrationRecord) -> None:
+        """Verdicts new since the last save: counted, and said (Normal when passed)."""
+        old_goldens = 0 if before is None else len(before.golden_validations)
+        new = list(record.golden_validations[old_goldens:])
+        if record.validation is not None and (before is None or before.validation is None):
+            new.append(record.validation)
+        metrics = self.ctx.metrics
+        name = self.migration["metadata"]["name"]
+        probed = 0 if before is None else len(before.persona_checks)
+        for check in record.persona_checks[probed:]:
+            if check.drifted:
+                said = (
+                    f"migration {name}: {check.instance} ({check.stage}) answered the persona"
+                    f" probe unlike the source: {check.reason}"
+                    + (f"; {check.action}" if check.action else "")
+                )
+                for obj in (self.migration, self.session):
+                    await self.ctx.event(obj, "Warning", "PersonaDrift", said)
+        for verdict in new:
+            source = "golden" if verdict.golden is not None else "live"
+            metrics.validation_turns.labels(judge=verdict.judge, source=source).inc(
+                verdict.compared
+            )
+            metrics.validation_agreement.labels(source=source).observe(verdict.agreement)
+            if verdict.passed:
+                await self.ctx.event(
+                    self.migration,
+                    "Normal",
+                    "ValidationPassed",
+                    f"migration {name}: {verdict.message}",
+                )
 
     async def _strategy_said(self, record: MigrationRecord, *, first: bool) -> None:
         """Which path, and why: once when the migration starts (or resumes), and again
@@ -211,6 +328,8 @@ class MigrationRecords:
                 metrics.migration_duration.labels(result=result).observe(record.total_s)
             if record.fence_pause_ms is not None:
                 metrics.fence_pause.observe(record.fence_pause_ms / 1000)
+            if result != "Succeeded" and record.reason in VALIDATION_REASONS:
+                metrics.validation_rollbacks.labels(reason=record.reason).inc()
         kind: EventType = (
             "Warning" if record.phase in (Phase.ROLLING_BACK, Phase.FAILED) else "Normal"
         )
@@ -219,3 +338,10 @@ class MigrationRecords:
             message += f" ({record.reason}: {record.error})"
         for obj in (self.migration, self.session):
             await self.ctx.event(obj, kind, f"Migration{record.phase}", message)
+        if record.phase is Phase.ROLLING_BACK and record.reason in VALIDATION_REASONS:
+            # The upgrade gate's own word: what a user filters events by.
+            said = f"migration {self.migration['metadata']['name']}: {record.error}"
+            if record.reason == "ValidationFailed":
+                said += "; kubectl shadowpod diff shows both answers"
+            for obj in (self.migration, self.session):
+                await self.ctx.event(obj, "Warning", record.reason, said)

@@ -32,11 +32,12 @@ from shadowpod.api.models import CreateSession, CredentialSpec, OwnershipChange,
 from shadowpod.client.gateway import GatewayError
 from shadowpod.engine.ports import GatewayUnavailable
 from shadowpod.engine.record import TERMINAL, Phase
-from shadowpod.kube import conditions, manifests, names
+from shadowpod.kube import conditions, manifests, names, validation
 from shadowpod.kube.api import AlreadyExists, namespaced
+from shadowpod.kube.comparisons import warm_semantic_judge
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
-from shadowpod.kube.models.v1alpha1 import AgentSession, SessionCondition
+from shadowpod.kube.models.v1alpha1 import AgentSession, Judge, PersonaJudge, SessionCondition
 from shadowpod.kube.models.v1alpha1.policy import EvictionStrategy
 from shadowpod.kube.runtime import image_problem
 from shadowpod.sessions.tokens import new_token, token_hash
@@ -90,6 +91,20 @@ async def problems(ctx: OperatorContext, session: AgentSession) -> list[Problem]
                     "SecretKeyNotFound",
                     f"credential {credential.name!r} refers to key {ref.key!r} of Secret"
                     f" {ref.name!r}, which has no such key: add it or correct secretRef.key",
+                )
+            )
+    persona = session.spec.migration.persona
+    if persona is not None and persona.judge is PersonaJudge.SEMANTIC:
+        warm_semantic_judge()  # before a change of image needs it
+    if (policy := session.spec.migration.validation) is not None:
+        if policy.gate.judge is Judge.SEMANTIC:
+            warm_semantic_judge()
+        field = "spec.migration.validation"
+        if said := await validation.policy_problems(ctx, namespace, policy, field=field):
+            found.append(
+                Problem(
+                    validation.InvalidValidationPolicy.reason,
+                    "; ".join(said) + "; an image change waits until it is corrected",
                 )
             )
     return found
@@ -247,16 +262,19 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     active = next((m for m in migrations if unfinished(m)), None)
     recorded_owner = (body.get("status") or {}).get("ownerPod")
     pod = await ctx.api.get(namespaced("pods", namespace, ownership.owner))
-    if active is None and found and pod is None:
+    # A validation policy that cannot run holds image changes back, not the session.
+    gated = any(p.reason == validation.InvalidValidationPolicy.reason for p in found)
+    blocking = [p for p in found if p.reason != validation.InvalidValidationPolicy.reason]
+    if active is None and blocking and pod is None:
         # Nothing runs yet, and it could not start right: say so and wait for a fix.
-        return Observed(phase="Pending", epoch=ownership.epoch, degraded=found[0])
+        return Observed(phase="Pending", epoch=ownership.epoch, degraded=blocking[0])
     if active is None and (pod is None or pod_dead(pod)):
         if pod is not None or recorded_owner == ownership.owner:
             ownership, pod = await _replace_owner(ctx, body, session, ownership, pod)
         else:
             pod = await _create_owner(ctx, session, ownership.owner, ownership.epoch)
     if active is None and pod is not None and not pod_dead(pod) and pod_ready(pod):
-        active = await _maybe_migrate(ctx, session, body, pod, migrations)
+        active = await _maybe_migrate(ctx, session, body, pod, migrations, gated=gated)
     head = acked = None
     # The journal's position is shown when the gateway answers.
     with contextlib.suppress(GatewayError, aiohttp.ClientError, TimeoutError):
@@ -328,13 +346,19 @@ async def _maybe_migrate(
     body: dict[str, Any],
     pod: dict[str, Any],
     migrations: list[dict[str, Any]],
+    *,
+    gated: bool = False,
 ) -> dict[str, Any] | None:
-    """An AgentMigration for an image change or a cordoned node, if one is due."""
+    """An AgentMigration for an image change or a cordoned node, if one is due. An
+    image change waits while the session's validation policy is invalid (``gated``):
+    it would run a gate that cannot run; a drain keeps the image and is not gated."""
     name = session.metadata.name or ""
     namespace = session.metadata.namespace or "default"
     generation = int(body["metadata"].get("generation") or 1)
     migration: dict[str, Any] | None = None
     if container_image(pod) != session.spec.image:
+        if gated:
+            return None
         wanted = names.image_migration(name, generation)
         if any(m["metadata"]["name"] == wanted for m in migrations):
             return None  # this change was tried (and failed): wait for the next one
@@ -397,7 +421,12 @@ def status_patch(body: dict[str, Any], seen: Observed) -> dict[str, Any]:
             "True",
             last.get("reason") or "MigrationFailed",
             f"AgentMigration {last.get('name')} {last.get('result')}: the session stays on"
-            f" {seen.image}; kubectl describe agm {last.get('name')} says why",
+            f" {seen.image}; kubectl describe agm {last.get('name')} says why"
+            + (
+                f" (kubectl shadowpod diff {last.get('name')}: both versions' answers)"
+                if last.get("reason") == "ValidationFailed"
+                else ""
+            ),
         )
     else:
         degraded = ("False", "AsExpected", "nothing needs attention")

@@ -15,6 +15,7 @@ from pydantic import ConfigDict, Field, StringConstraints, field_validator
 
 from shadowpod.engine.record import TERMINAL, Phase
 from shadowpod.kube.models.base import (
+    ATOMIC_LIST,
     DNS1123_LABEL,
     REASON_PATTERN,
     Count,
@@ -29,6 +30,12 @@ from shadowpod.kube.models.conditions import Condition, one_per_type
 from shadowpod.kube.models.core import ObjectName
 from shadowpod.kube.models.resource import AGE, CustomResource, PrinterColumn, ResourceDefinition
 from shadowpod.kube.models.v1alpha1.policy import MigrationPolicy, MigrationStrategy
+from shadowpod.kube.models.v1alpha1.validation import (
+    PersonaPolicy,
+    PersonaStatus,
+    ValidationPolicy,
+    ValidationStatus,
+)
 from shadowpod.kube.models.v1alpha1.version import API_VERSION, CATEGORIES, GROUP, VERSION
 
 # The phases a migration ends in, in the engine's order, for CEL's list literals.
@@ -111,6 +118,8 @@ class AgentMigrationSpec(KubeModel):
                 field_path=".strategy",
             ),
             _immutable_optional("strategy"),
+            _immutable_optional("validation"),
+            _immutable_optional("persona"),
         )
     )
 
@@ -124,6 +133,16 @@ class AgentMigrationSpec(KubeModel):
     )
     strategy: MigrationStrategy | None = Field(
         default=None, description="Auto, State or CRIU; unset takes the session's policy."
+    )
+    validation: ValidationPolicy | None = Field(
+        default=None,
+        description="The upgrade gate for this migration; unset takes the session's"
+        " (spec.migration.validation), which only a change of image runs.",
+    )
+    persona: PersonaPolicy | None = Field(
+        default=None,
+        description="The persona check for this migration; unset takes the session's"
+        " (spec.migration.persona), which only a change of image runs.",
     )
 
 
@@ -222,6 +241,15 @@ class AgentMigrationStatus(KubeModel):
         description="Per-phase timings, in the order the phases were entered.",
     )
     snapshot: SnapshotStatus | None = None
+    validation: ValidationStatus | None = Field(
+        default=None, description="The upgrade gate's verdict, when the migration ran one."
+    )
+    persona: list[PersonaStatus] = Field(
+        default_factory=list,
+        max_length=8,
+        json_schema_extra=ATOMIC_LIST,
+        description="The persona probes made, in order.",
+    )
     fence_attempts: Count = 0
     fence: FenceStatus | None = None
     fence_pause_milliseconds: Int64 | None = Field(

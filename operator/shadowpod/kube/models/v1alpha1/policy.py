@@ -13,6 +13,7 @@ from enum import StrEnum
 from pydantic import ConfigDict, Field
 
 from shadowpod.kube.models.base import Bool, Integer, KubeModel, Rule, validations
+from shadowpod.kube.models.v1alpha1.validation import PersonaPolicy, ValidationPolicy
 
 
 class MigrationStrategy(StrEnum):
@@ -51,6 +52,13 @@ class MigrationPolicy(KubeModel):
                 " fence attempt may hold messages back that long; lower them or raise"
                 " maxDurationSeconds",
                 field_path=".fenceTimeoutSeconds",
+            ),
+            Rule(
+                "!has(self.validation)"
+                " || self.validation.timeoutSeconds <= self.maxDurationSeconds",
+                "validation.timeoutSeconds may not exceed maxDurationSeconds: the turns to"
+                " compare must come within the whole migration; lower the one or raise the other",
+                field_path=".validation.timeoutSeconds",
             ),
         )
     )
@@ -100,4 +108,14 @@ class MigrationPolicy(KubeModel):
         default=EvictionStrategy.LIVE_MIGRATE,
         description="LiveMigrate (move off a draining node live) or None (opt out: the owner"
         " pod is evicted and recovered).",
+    )
+    validation: ValidationPolicy | None = Field(
+        default=None,
+        description="An upgrade gate before the fence, for migrations that change the image"
+        " (a move to another node keeps the image and is not validated).",
+    )
+    persona: PersonaPolicy | None = Field(
+        default=None,
+        description="A persona check for migrations that change the image: the shadow's"
+        " and the new owner's answers to a self-description probe against the source's.",
     )
