@@ -4,6 +4,7 @@ real cluster as well as on the emulator."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -15,10 +16,16 @@ async def cordon(api: client.ApiClient, node: str, unschedulable: bool = True) -
 
 
 async def drain(
-    api: client.ApiClient, node: str, *, timeout: float = 120.0, retry_s: float = 0.5
+    api: client.ApiClient,
+    node: str,
+    *,
+    timeout: float = 120.0,
+    retry_s: float = 0.5,
+    evicted_at: dict[str, float] | None = None,
 ) -> list[str]:
     """Cordon ``node`` and evict its pods, retrying what a budget refuses (429) as
-    ``kubectl drain`` does, until none is left; the pods evicted, as ns/name."""
+    ``kubectl drain`` does, until none is left; the pods evicted, as ns/name, and in
+    ``evicted_at`` when each was (wall-clock time, as migration records keep it)."""
     core = client.CoreV1Api(api)
     await cordon(api, node)
     loop = asyncio.get_running_loop()
@@ -51,4 +58,6 @@ async def drain(
                     raise
                 continue
             evicted.append(f"{pod.metadata.namespace}/{pod.metadata.name}")
+            if evicted_at is not None:
+                evicted_at[evicted[-1]] = time.time()
         await asyncio.sleep(retry_s)
