@@ -17,7 +17,7 @@ if __name__ == "__main__":
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import JsonValue
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
 
 TurnHandler = Callable[["Turn"], Awaitable[None]]
 OwnerHook = Callable[["OwnerContext"], Awaitable[None]]
+# A shadow's agent values, read-only: what the owner's first turn will see.
+ShadowReadyHook = Callable[[Mapping[str, Any]], None]
 StateMigration = Callable[[dict[str, JsonValue]], dict[str, JsonValue]]
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,6 +46,7 @@ class AgentDeclaration:
         self.state_schema = state_schema
         self.message_handler: TurnHandler | None = None
         self.owner_hook: OwnerHook | None = None
+        self.shadow_ready_hook: ShadowReadyHook | None = None
         self.tools: dict[str, ToolSpec] = {}
         self.migrations: dict[int, StateMigration] = {}
         self.nondeterministic_patterns: list[str] = []
@@ -58,6 +61,16 @@ class AgentDeclaration:
     def on_owner(self, fn: OwnerHook) -> OwnerHook:
         """Called when this instance becomes the owner: first start, recovery or promotion."""
         self.owner_hook = fn
+        return fn
+
+    def on_shadow_ready(self, fn: ShadowReadyHook) -> ShadowReadyHook:
+        """Called in a shadow with the agent's values once it has caught up, then
+        again after each batch of the journal it follows, until it is promoted: to
+        warm what the first owner turn would otherwise build (a decoded conversation)
+        while the source still serves, not in the fence pause. It gets no turn, so
+        it cannot journal anything; it must not change the values, and should cost
+        only what changed since its last call. Its errors are logged, never fatal."""
+        self.shadow_ready_hook = fn
         return fn
 
     def tool(
