@@ -157,6 +157,8 @@ async def _series(config: MigrateBenchConfig, strategy: Strategy, count: int) ->
             probe = FenceProbe(scenario) if config.fence_probe else None
             migrating = _migrations(scenario, config, strategy, count)
             await _unless_overloaded(scenario, config, migrating)
+            if probe is not None:
+                await probe.settle()
             if strategy != "shadow":
                 report = await scenario.finish()
                 return report, None, _probed(report, probe)
@@ -233,6 +235,12 @@ def _migration_summaries(series: Series) -> list[dict[str, Any]]:
     return summaries
 
 
+def _breakdown_summary(probed: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    splits = [p["breakdown"] for p in probed.values() if p and p.get("breakdown")]
+    parts = splits[0].keys() if splits else ()
+    return {part: summarise([split[part] for split in splits]) for part in parts}
+
+
 def _series_summary(series: Series) -> dict[str, Any]:
     report, replays, probed = series
     migrations = _migration_summaries(series)
@@ -259,6 +267,9 @@ def _series_summary(series: Series) -> dict[str, Any]:
         )
         if probed
         else None,
+        # With --fence-probe: each probe's pause that waited for the new owner, split
+        # (``shadowpod.bench.fence_probe``): the agent's turns vs Shadowpod's own part.
+        "fence_probe_breakdown_ms": _breakdown_summary(probed) if probed else None,
         "fence_probe_arrived": {
             where: sum(1 for p in probed.values() if p and p["arrived"] == where)
             for where in ("before", "held", "after")
