@@ -10,19 +10,18 @@ arrives while delivery is held, whatever the rate. It is one of the load's messa
 (checked for loss, duplicates and order like the others); its reply latency is the
 pause as the client sees it — held, delivered to the new owner, answered there.
 
-Each probe that waited for the new owner (``held`` or ``after``) has its pause split
-(``breakdown``), from the gateway's journal timestamps, the fence's result and the new
-owner's own report of its promotion (all on one machine's clock):
+Each probe's reply latency is split (``breakdown``), from the gateway's journal
+timestamps and the new owner's own report of its promotion (one machine's clock):
 
-- ``source_turn_ms``: the fence's wait for the source to finish what it was
-  delivered (quiescence): the source's in-flight turn, the agent's own cost;
-- ``shadowpod_ms``: the rest until the new owner starts its first turn — the gate
+- ``source_turn_ms``: until the source's last output before the epoch marker (its
+  in-flight turn, which the fence waits out: the agent's own cost) — all of it, when
+  the source answered the probe itself (``answered_by``);
+- ``shadowpod_ms``: from then until the new owner starts its first turn — the gate
   closing, the epoch bump, the shadow applying the marker and adopting, the held
-  message's delivery (``marker_to_turn_ms`` of it from the epoch marker's journaling);
+  message's delivery (``marker_to_turn_ms``: from the marker's journaling);
 - ``new_owner_turn_ms``: from that turn's start to the probe's reply being journaled:
   the held turns on the new owner (the agent's own cost again, with their append);
-- ``client_ms``: what is left of the reply latency (the client's sending and
-  hearing back).
+- ``client_ms``: the rest of the reply latency (the client's send and hearing back).
 """
 
 from __future__ import annotations
@@ -33,6 +32,8 @@ from typing import Any, Final
 
 import aiohttp
 
+from shadowpod.domain.entries import JournalEntry
+from shadowpod.domain.payloads import EntryKind
 from shadowpod.engine.ports import RecordStore
 from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.local.load import ClientLoad, Sent
@@ -56,7 +57,7 @@ class FenceProbe:
         self.probed: set[str] = set()  # migration ids (a fence retried is not probed again)
         self.probes: dict[str, tuple[ClientLoad, Sent]] = {}
         self.sent_at: dict[str, float] = {}  # Unix time each probe was sent
-        self.breakdowns: dict[str, dict[str, float] | None] = {}
+        self.breakdowns: dict[str, dict[str, Any] | None] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def save(self, record: MigrationRecord) -> None:
@@ -98,47 +99,53 @@ class FenceProbe:
             await asyncio.sleep(0.05)
         self.breakdowns[migration] = await self._breakdown(record, sent)
 
-    async def _breakdown(self, record: MigrationRecord, sent: Sent) -> dict[str, float] | None:
-        fence, seq = record.fence, sent.seq
+    async def _breakdown(self, record: MigrationRecord, sent: Sent) -> dict[str, Any] | None:
+        seq = sent.seq
         instance = self.scenario.deployment.runtime.instance(record.spec.target.name)
-        if fence is None or seq is None or instance is None:
+        replies = self.scenario.sessions[record.spec.session].load.replies.get(seq or -1)
+        if seq is None or instance is None or not replies:
             return None
         async with (
             aiohttp.ClientSession() as http,
             http.get(instance.url + "/v1/status", timeout=aiohttp.ClientTimeout(total=5)) as got,
         ):
             promotion = (await got.json()).get("promotion") or {}
-        started = promotion.get("first_turn_at")
-        if started is None or promotion.get("first_turn", seq + 1) > seq:
-            return None  # the probe was not held for the new owner (the source answered)
-        admin = self.scenario.deployment.admin
-        entries, _ = await admin.journal(record.spec.session, after=fence.fence_seq - 1, limit=500)
-        marker = next((e for e in entries if e.seq == fence.fence_seq), None)
-        reply = next(
-            (
-                e
-                for e in entries
-                if e.kind == "message"
-                and e.payload.get("role") == "assistant"
-                and e.payload.get("turn") == seq
-            ),
-            None,
+        if promotion.get("first_turn_at") is None:
+            return None
+        # The epoch marker the new owner was promoted by, the source's last output
+        # before it, and the probe's reply.
+        at = int(promotion["fence_seq"])
+        entries, _ = await self.scenario.deployment.admin.journal(
+            record.spec.session, after=max(0, min(at, seq) - 2), limit=500
         )
-        replies = self.scenario.sessions[record.spec.session].load.replies.get(seq)
-        if marker is None or reply is None or not replies:
+        marker = next((e for e in entries if e.seq == at), None)
+        reply = next((e for e in entries if _replies_to(e, seq)), None)
+        if marker is None or reply is None:
             return None
         sent_at = self.sent_at[record.spec.id]
         reply_ms = (replies[0].at - sent.at) * 1000
-        # A probe that arrived after the new owner's first turn began waited for no one.
-        to_turn_ms = max(0.0, started - sent_at) * 1000
-        turn_ms = (reply.ts.timestamp() - max(started, sent_at)) * 1000
-        return {
-            "source_turn_ms": round(fence.waited_ms, 2),
-            "shadowpod_ms": round(to_turn_ms - fence.waited_ms, 2),
-            "marker_to_turn_ms": round((started - marker.ts.timestamp()) * 1000, 2),
-            "new_owner_turn_ms": round(turn_ms, 2),
-            "client_ms": round(reply_ms - to_turn_ms - turn_ms, 2),
-        }
+        journaled_ms = (reply.ts.timestamp() - sent_at) * 1000
+        if reply.epoch < marker.epoch:  # the source answered it: its turn, all of it
+            parts = {"source_turn_ms": journaled_ms, "shadowpod_ms": 0.0, "new_owner_turn_ms": 0.0}
+            marker_to_turn = None
+        else:
+            source_end = max(
+                (e.ts.timestamp() for e in entries if 0 < e.epoch < marker.epoch and e.seq < at),
+                default=sent_at,
+            )
+            waited_source = max(sent_at, source_end)
+            started = max(float(promotion["first_turn_at"]), waited_source)
+            parts = {
+                "source_turn_ms": (waited_source - sent_at) * 1000,
+                "shadowpod_ms": (started - waited_source) * 1000,
+                "new_owner_turn_ms": (reply.ts.timestamp() - started) * 1000,
+            }
+            marker_to_turn = (float(promotion["first_turn_at"]) - marker.ts.timestamp()) * 1000
+        split: dict[str, Any] = {part: round(ms, 2) for part, ms in parts.items()}
+        split["client_ms"] = round(reply_ms - journaled_ms, 2)
+        split["marker_to_turn_ms"] = None if marker_to_turn is None else round(marker_to_turn, 2)
+        split["answered_by"] = "source" if reply.epoch < marker.epoch else "new owner"
+        return split
 
     def result(self, record: MigrationRecord) -> dict[str, Any] | None:
         """The probe's reply latency, and when it arrived: ``held`` (by the fence:
@@ -160,3 +167,11 @@ class FenceProbe:
             "arrived": arrived,
             "breakdown": self.breakdowns.get(record.spec.id),
         }
+
+
+def _replies_to(entry: JournalEntry, seq: int) -> bool:
+    return (
+        entry.kind == EntryKind.MESSAGE
+        and entry.payload.get("role") == "assistant"
+        and entry.payload.get("turn") == seq
+    )

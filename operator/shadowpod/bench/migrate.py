@@ -237,8 +237,14 @@ def _migration_summaries(series: Series) -> list[dict[str, Any]]:
 
 def _breakdown_summary(probed: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
     splits = [p["breakdown"] for p in probed.values() if p and p.get("breakdown")]
-    parts = splits[0].keys() if splits else ()
-    return {part: summarise([split[part] for split in splits]) for part in parts}
+    parts = ("source_turn_ms", "shadowpod_ms", "marker_to_turn_ms", "new_owner_turn_ms")
+    summary: dict[str, Any] = {
+        part: summarise([s[part] for s in splits if s[part] is not None])
+        for part in (*parts, "client_ms")
+    }
+    summary["answered_by_new_owner"] = sum(s["answered_by"] == "new owner" for s in splits)
+    summary["split"] = len(splits)
+    return summary
 
 
 def _series_summary(series: Series) -> dict[str, Any]:

@@ -249,7 +249,9 @@ def _print_migrate(report: dict[str, Any]) -> None:
             figure = summary[name]
             table.add_row(name.replace("_", " "), str(figure["p50"]), str(figure["p99"]))
     for part, figure in (summary.get("fence_probe_breakdown_ms") or {}).items():
-        table.add_row(f"  probe: {part.replace('_', ' ')}", str(figure["p50"]), str(figure["p99"]))
+        if isinstance(figure, dict):
+            name = f"  probe: {part.replace('_', ' ')}"
+            table.add_row(name, str(figure["p50"]), str(figure["p99"]))
     if "comparison" in report:
         other = report["comparison"]
         table.add_row(
