@@ -24,7 +24,8 @@ asks it. What it does with a message:
 Each tool appends a line to ``$TOOL_LOG`` every time it runs (to count them).
 Every reply carries ``meta.version``, ``meta.instance`` and ``meta.epoch``, and
 ``meta.decoded``: the conversation items this process has decoded inside turns (a
-shadow decodes them before it is promoted: ``agent.on_shadow_ready(saver.warm)``).
+shadow decodes them before it is promoted: ``agent.on_shadow_ready(saver.warm)``,
+unless ``LANGGRAPH_WARM=0``).
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ def make_agent(version: str) -> Agent:
         }
 
     agent.on_message(graph_handler(saver, build_graph(saver), meta=meta))
-    agent.on_shadow_ready(saver.warm)  # the conversation decoded before the fence
+    if os.environ.get("LANGGRAPH_WARM", "1") != "0":  # 0: to measure without it
+        agent.on_shadow_ready(saver.warm)  # the conversation decoded before the fence
     return agent
 
 

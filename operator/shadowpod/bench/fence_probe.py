@@ -110,8 +110,6 @@ class FenceProbe:
             http.get(instance.url + "/v1/status", timeout=aiohttp.ClientTimeout(total=5)) as got,
         ):
             promotion = (await got.json()).get("promotion") or {}
-        if promotion.get("first_turn_at") is None:
-            return None
         # The epoch marker the new owner was promoted by, the source's last output
         # before it, and the probe's reply.
         at = int(promotion["fence_seq"])
@@ -128,6 +126,8 @@ class FenceProbe:
         if reply.epoch < marker.epoch:  # the source answered it: its turn, all of it
             parts = {"source_turn_ms": journaled_ms, "shadowpod_ms": 0.0, "new_owner_turn_ms": 0.0}
             marker_to_turn = None
+        elif promotion.get("first_turn_at") is None:
+            return None
         else:
             source_end = max(
                 (e.ts.timestamp() for e in entries if 0 < e.epoch < marker.epoch and e.seq < at),
