@@ -326,6 +326,8 @@ class AgentRuntime(OwnerLoop):
 
     async def _shadow(self) -> None:
         failures = 0
+        # No await since the catch-up was recorded: the engine sees this shadow caught
+        # up only once warm, so a fence never waits for the first, longest, warm-up.
         self._warm()
         while self.promotion is None and not self._stopping:
             try:
