@@ -22,7 +22,10 @@ asks it. What it does with a message:
   graph's own history.
 
 Each tool appends a line to ``$TOOL_LOG`` every time it runs (to count them).
-Every reply carries ``meta.version``, ``meta.instance`` and ``meta.epoch``.
+Every reply carries ``meta.version``, ``meta.instance`` and ``meta.epoch``, and
+``meta.decoded``: the conversation items this process has decoded inside turns (a
+shadow decodes them before it is promoted: ``agent.on_shadow_ready(saver.warm)``,
+unless ``LANGGRAPH_WARM=0``).
 """
 
 from __future__ import annotations
@@ -187,9 +190,16 @@ def make_agent(version: str) -> Agent:
     saver = ShadowpodSaver()
 
     def meta(turn: Turn) -> dict[str, JsonValue]:
-        return {"version": version, "instance": turn.instance, "epoch": turn.epoch}
+        return {
+            "version": version,
+            "instance": turn.instance,
+            "epoch": turn.epoch,
+            "decoded": saver.decoded_in_turns,
+        }
 
     agent.on_message(graph_handler(saver, build_graph(saver), meta=meta))
+    if os.environ.get("LANGGRAPH_WARM", "1") != "0":  # 0: to measure without it
+        agent.on_shadow_ready(saver.warm)  # the conversation decoded before the fence
     return agent
 
 

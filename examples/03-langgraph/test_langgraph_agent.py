@@ -18,8 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
+from shadowpod.api.agent import AgentStatus
 from shadowpod.api.models import OwnershipChange
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry
@@ -98,6 +100,14 @@ async def answered(admin: GatewayClient, seqs: list[int]) -> list[JournalEntry]:
 def said(entries: list[JournalEntry], seq: int) -> str:
     (reply,) = replies(entries)[seq]
     return str(reply.payload["content"])
+
+
+async def agent_status(dep: LocalDeployment, name: str) -> AgentStatus:
+    """An instance's own ``/v1/status``."""
+    instance = dep.runtime.instance(name)
+    assert instance is not None
+    async with aiohttp.ClientSession() as http, http.get(instance.url + "/v1/status") as got:
+        return AgentStatus.model_validate(await got.json())
 
 
 async def say(client: GatewayClient, content: str) -> int:
@@ -205,6 +215,33 @@ async def test_the_graph_moves_under_load_with_its_history_tools_and_interrupt(
     assert [s.interrupts[0].value for s in asked] == ["send 'launch'? answer yes or no"]
     assert asked[0].next == ("approval",)
     assert len(snapshots) > len(user_turns)
+
+
+async def test_the_new_owner_does_not_decode_the_conversation_its_shadow_warmed(
+    tmp_path: Path,
+) -> None:
+    async with LocalDeployment(tmp_path, images(tmp_path)) as dep, dep.client() as client:
+        await dep.create_session(SESSION, image="lg:v1", instance="v1")
+        before = await answered(dep.admin, [await say(client, f"hello {n}") for n in range(40)])
+        v2 = await move(dep, "v1", "lg:v1", "lg:v2")
+        status = await agent_status(dep, v2)
+        first = await say(client, "how many?")
+        entries = await answered(dep.admin, [first])
+
+    # Its on_shadow_ready hook ran while it was a shadow: at a watermark before the
+    # fence, with the whole conversation folded.
+    assert status.promotion is not None
+    assert before[-1].seq <= status.warmed < status.promotion.fence_seq
+    # Nothing written by the warm-up: between the last turn and the fence, only the
+    # migration's own control entries.
+    moved = [e for e in entries if before[-1].seq < e.seq <= status.promotion.fence_seq]
+    assert {e.kind for e in moved} == {EntryKind.CONTROL}
+    # The new owner's first turn read the 80 messages of history without decoding
+    # any of them: the shadow had.
+    (reply,) = replies(entries)[first]
+    assert said(entries, first) == "you said: how many? (41 messages so far)"
+    assert reply.payload["meta"]["version"] == "2"
+    assert reply.payload["meta"]["decoded"] == 0
 
 
 async def test_an_email_cut_short_by_the_owners_death_is_never_sent_again(

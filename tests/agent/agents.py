@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import JsonValue
@@ -154,6 +155,13 @@ def surfaces(state_schema: int = 1) -> Agent:
             raise RuntimeError("boom as requested")
         else:
             await turn.reply(f"heard: {turn.content}", **_meta(turn))
+
+    @agent.on_shadow_ready
+    def warm(values: Mapping[str, JsonValue]) -> None:
+        with (probe_dir / "warm.log").open("a") as log:
+            log.write(f"{os.getpid()} count={values.get('count')}\n")
+        if os.environ.get("WARM_FAILS"):
+            raise RuntimeError("the warm-up failed, as asked")
 
     return agent
 

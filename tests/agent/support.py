@@ -53,6 +53,11 @@ def agent_images(workdir: Path) -> ImageMap:
                     "command": ["{python}", str(AGENTS), "surfaces"],
                     "env": {**env, "SHADOWPOD_MAX_APPEND_BYTES": str(8 * 1024 * 1024)},
                 },
+                # Its on_shadow_ready hook raises (after noting that it ran).
+                "surfaces:warm-fails": {
+                    "command": ["{python}", str(AGENTS), "surfaces"],
+                    "env": {**env, "WARM_FAILS": "1"},
+                },
                 "surfaces:slow-drain": {
                     "command": ["{python}", str(AGENTS), "surfaces"],
                     "env": {**env, "SHADOWPOD_DRAIN_GRACE_S": "2"},

@@ -154,6 +154,9 @@ def test_bench_migrate_prints_one_json_object_with_both_strategies() -> None:
     assert_machine_described(report["machine"])
 
 
+PARTS = ("source_turn_ms", "shadowpod_ms", "new_owner_turn_ms", "client_ms")
+
+
 def test_bench_migrate_fence_probe_gives_every_migration_a_message_sent_at_its_fence() -> None:
     # 5 msg/s: a message arrives during a fence by chance only in a few migrations.
     result = shadowpod(
@@ -170,8 +173,19 @@ def test_bench_migrate_fence_probe_gives_every_migration_a_message_sent_at_its_f
     # Each is placed against the fence (when it lands, by a few ms, is the machine's).
     assert sum(summary["fence_probe_arrived"].values()) == 3
     for migration in report["migrations"]:
-        if migration["fence_probe"]["arrived"] == "held":  # the gateway measured a pause
+        probe = migration["fence_probe"]
+        if probe["arrived"] == "held":  # the gateway measured a pause
             assert migration["fence_pause_ms"] is not None, migration
+        # One the new owner answered has its pause split: the source's in-flight turn,
+        # Shadowpod's own part, the new owner's turn, the client's; they add up to it
+        # (a probe the source answered itself is the source's turn).
+        split = probe["breakdown"]
+        assert split is not None, migration
+        assert all(split[part] >= 0 for part in PARTS[:3]), split
+        assert sum(split[part] for part in PARTS) == pytest.approx(probe["reply_ms"], abs=0.1)
+        if split["answered_by"] == "new owner":
+            assert split["new_owner_turn_ms"] > 0, split
+    assert summary["fence_probe_breakdown_ms"]["split"] == 3
     # The probes are messages of the load: sent, answered once, in order.
     assert summary["messages"]["sent"] == summary["messages"]["answered"]
     assert (summary["lost"], summary["duplicated"], summary["reordered"]) == (0, 0, 0)

@@ -17,7 +17,7 @@ if __name__ == "__main__":
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import JsonValue
@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 TurnHandler = Callable[["Turn"], Awaitable[None]]
 OwnerHook = Callable[["OwnerContext"], Awaitable[None]]
 ReanchorHook = Callable[["SessionIdentity"], Awaitable[None]]
+# A shadow's agent values, read-only: what the owner's first turn will see.
+ShadowReadyHook = Callable[[Mapping[str, Any]], None]
 StateMigration = Callable[[dict[str, JsonValue]], dict[str, JsonValue]]
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,6 +49,7 @@ class AgentDeclaration:
         self.message_handler: TurnHandler | None = None
         self.owner_hook: OwnerHook | None = None
         self.reanchor_hook: ReanchorHook | None = None
+        self.shadow_ready_hook: ShadowReadyHook | None = None
         self.tools: dict[str, ToolSpec] = {}
         self.migrations: dict[int, StateMigration] = {}
         self.nondeterministic_patterns: list[str] = []
@@ -68,6 +71,16 @@ class AgentDeclaration:
         identity and the policy says ``reanchor``: re-read who the agent is (its name,
         its principles) and act as it. The persona is probed again after it."""
         self.reanchor_hook = fn
+        return fn
+
+    def on_shadow_ready(self, fn: ShadowReadyHook) -> ShadowReadyHook:
+        """Called in a shadow with the agent's values once it has caught up, then
+        again after each batch of the journal it follows, until it is promoted: to
+        warm what the first owner turn would otherwise build (a decoded conversation)
+        while the source still serves, not in the fence pause. It gets no turn, so
+        it cannot journal anything; it must not change the values, and should cost
+        only what changed since its last call. Its errors are logged, never fatal."""
+        self.shadow_ready_hook = fn
         return fn
 
     def tool(

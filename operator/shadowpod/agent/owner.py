@@ -233,6 +233,8 @@ class OwnerLoop:
         """Take ``inbound``'s turn, and the turns queued behind it while they are quick;
         their outputs are journaled together (see ``shadowpod.agent.turn_group``)."""
         self._in_turn = True
+        if (promoted := self.promotion) is not None and promoted.first_turn_at is None:
+            promoted.first_turn, promoted.first_turn_at = inbound.seq, time.time()
         try:
             while True:
                 outputs = await take_turn(

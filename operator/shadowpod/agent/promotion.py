@@ -31,6 +31,10 @@ class Promotion:
     fence_seq: int
     state: SessionState
     at: float
+    # The first turn this owner took (a message the fence held back, most often) and
+    # when it started (Unix time): what the fence pause spent before the agent's turn.
+    first_turn: int | None = None
+    first_turn_at: float | None = None
     _digest: str | None = None
 
     def state_digest(self) -> str:

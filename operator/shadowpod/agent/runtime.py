@@ -38,6 +38,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Final, Literal, TypeVar
 
 from shadowpod.agent.appends import AppendLimits, WriteRefused, permanent
@@ -104,6 +105,7 @@ class AgentRuntime(OwnerLoop):
         self.processes = ProcessRegistry(settings.process_inventory)
         self.limits = AppendLimits(settings.max_append_bytes, settings.max_append_entries)
         self.turns = 0
+        self.warmed = 0  # the watermark the on_shadow_ready hook last saw (0: never)
         self.catchup: CatchUp | None = None
         self.promotion: Promotion | None = None
         self.drained: list[ProcessReport] | None = None
@@ -328,6 +330,9 @@ class AgentRuntime(OwnerLoop):
 
     async def _shadow(self) -> None:
         failures = 0
+        # No await since the catch-up was recorded: the engine sees this shadow caught
+        # up only once warm, so a fence never waits for the first, longest, warm-up.
+        self._warm()
         while self.promotion is None and not self._stopping:
             try:
                 async for batch in self.client.journal_stream(
@@ -337,6 +342,7 @@ class AgentRuntime(OwnerLoop):
                     failures = 0
                     if self.promotion is not None:
                         break
+                    self._warm()
             except (GatewayError, *TRANSIENT) as exc:
                 failures = await self._unless_permanent(failures, exc)
         await self.close_window()
@@ -375,6 +381,22 @@ class AgentRuntime(OwnerLoop):
         if self.window is not None:
             window, self.window = self.window, None
             await window.close()
+
+    def _warm(self) -> None:
+        """The agent's ``on_shadow_ready`` hook on the state caught up to (not on the
+        batch that promotes: that is the fence pause; the first turn does the rest)."""
+        hook = self.agent.shadow_ready_hook
+        if hook is None or self.folder.watermark == self.warmed:
+            return
+        state = self.folder.peek()
+        values = state.agent.values
+        try:
+            if values and state.agent.schema_version != self.agent.state_schema:
+                values = self.agent.migrate_state(dict(values), state.agent.schema_version)
+            hook(MappingProxyType(values))
+        except Exception:
+            logger.exception("the on_shadow_ready hook failed", extra={"session": self.session})
+        self.warmed = self.folder.watermark
 
     # --- applying the journal ---------------------------------------------------------
 

@@ -55,6 +55,7 @@ def status_of(runtime: AgentRuntime) -> AgentStatus:
         watermark=state.watermark,
         pending=len(state.pending),
         turns=runtime.turns,
+        warmed=runtime.warmed,
         processes=runtime.processes.inventory(),
         catchup=None
         if catchup is None
@@ -65,7 +66,13 @@ def status_of(runtime: AgentRuntime) -> AgentStatus:
         ),
         promotion=None
         if promotion is None
-        else PromotionReport(epoch=promotion.epoch, fence_seq=promotion.fence_seq, at=promotion.at),
+        else PromotionReport(
+            epoch=promotion.epoch,
+            fence_seq=promotion.fence_seq,
+            at=promotion.at,
+            first_turn=promotion.first_turn,
+            first_turn_at=promotion.first_turn_at,
+        ),
         drained=runtime.drained,
         error=runtime.error,
     )

@@ -30,6 +30,8 @@ class PromotionReport(_Reported):
     epoch: int
     fence_seq: int
     at: float = Field(description="Unix time the epoch marker naming this instance was applied.")
+    first_turn: int | None = Field(default=None, description="The first turn it took as owner.")
+    first_turn_at: float | None = Field(default=None, description="Unix time that turn started.")
 
 
 class BackgroundProcess(_Reported):
@@ -54,6 +56,10 @@ class AgentStatus(_Reported):
     watermark: int
     pending: int
     turns: int
+    warmed: int = Field(
+        default=0,
+        description="The watermark a shadow's on_shadow_ready hook last ran at (0: never).",
+    )
     processes: list[BackgroundProcess] = Field(default_factory=list)
     catchup: CatchUpReport | None = None
     promotion: PromotionReport | None = None

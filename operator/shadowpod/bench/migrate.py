@@ -157,6 +157,8 @@ async def _series(config: MigrateBenchConfig, strategy: Strategy, count: int) ->
             probe = FenceProbe(scenario) if config.fence_probe else None
             migrating = _migrations(scenario, config, strategy, count)
             await _unless_overloaded(scenario, config, migrating)
+            if probe is not None:
+                await probe.settle()
             if strategy != "shadow":
                 report = await scenario.finish()
                 return report, None, _probed(report, probe)
@@ -233,6 +235,18 @@ def _migration_summaries(series: Series) -> list[dict[str, Any]]:
     return summaries
 
 
+def _breakdown_summary(probed: dict[str, dict[str, Any] | None]) -> dict[str, Any]:
+    splits = [p["breakdown"] for p in probed.values() if p and p.get("breakdown")]
+    parts = ("source_turn_ms", "shadowpod_ms", "marker_to_turn_ms", "new_owner_turn_ms")
+    summary: dict[str, Any] = {
+        part: summarise([s[part] for s in splits if s[part] is not None])
+        for part in (*parts, "client_ms")
+    }
+    summary["answered_by_new_owner"] = sum(s["answered_by"] == "new owner" for s in splits)
+    summary["split"] = len(splits)
+    return summary
+
+
 def _series_summary(series: Series) -> dict[str, Any]:
     report, replays, probed = series
     migrations = _migration_summaries(series)
@@ -259,6 +273,9 @@ def _series_summary(series: Series) -> dict[str, Any]:
         )
         if probed
         else None,
+        # With --fence-probe: each probe's pause that waited for the new owner, split
+        # (``shadowpod.bench.fence_probe``): the agent's turns vs Shadowpod's own part.
+        "fence_probe_breakdown_ms": _breakdown_summary(probed) if probed else None,
         "fence_probe_arrived": {
             where: sum(1 for p in probed.values() if p and p["arrived"] == where)
             for where in ("before", "held", "after")

@@ -249,6 +249,10 @@ def _print_migrate(report: dict[str, Any]) -> None:
         if summary.get(name) is not None:
             figure = summary[name]
             table.add_row(name.replace("_", " "), str(figure["p50"]), str(figure["p99"]))
+    for part, figure in (summary.get("fence_probe_breakdown_ms") or {}).items():
+        if isinstance(figure, dict):
+            name = f"  probe: {part.replace('_', ' ')}"
+            table.add_row(name, str(figure["p50"]), str(figure["p99"]))
     if "comparison" in report:
         other = report["comparison"]
         table.add_row(

@@ -8,6 +8,7 @@ agent = Agent("support-bot", version="1")
 saver = ShadowpodSaver()
 builder.add_node("tools", tool_node(saver, [lookup, send_email], idempotent={"lookup"}))
 agent.on_message(graph_handler(saver, builder.compile(checkpointer=saver)))
+agent.on_shadow_ready(saver.warm)  # the conversation decoded before the fence
 agent.run()
 ```
 

@@ -22,7 +22,10 @@ map of every checkpoint —
 so the CPU of one more turn, like its bytes, stays flat as the conversation grows.
 
 Reads decode from the journaled JSON (a per-process cache of decoded log items keeps
-them O(change) too: the cache, not the journal, is what a new owner rebuilds).
+them O(change) too: the cache, not the journal, is what a new owner rebuilds). A
+shadow fills that cache before it is promoted (``agent.on_shadow_ready(saver.warm)``),
+so the new owner's first turn does not decode the whole conversation in the fence
+pause; ``decoded_in_turns`` counts the items decoded inside turns.
 
 Checkpoints are pruned: the ``keep`` newest per thread (256 by default) and the head
 of every branch stay (``shadowpod.integrations.langgraph.retention``).
@@ -100,6 +103,28 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         )
         # Decoded items of each channel log, by (thread, ns, channel, log number).
         self._logs: dict[tuple[str, str, str, int], list[Any]] = {}
+        self.decoded = 0  # log items decoded, in all
+        self.decoded_in_turns = 0  # of them, inside a turn (the rest: warm-ups, reads)
+
+    def warm(self, values: Mapping[str, Any]) -> None:
+        """Decode, into the cache the turns read from, the logs the latest checkpoint
+        of every thread reads: only their items new since the last call. Writes
+        nothing. For ``agent.on_shadow_ready(saver.warm)``."""
+        root = values.get(ROOT)
+        if not isinstance(root, dict):
+            return
+        for thread, spaces in root.items():
+            for ns, data in spaces.items():
+                latest = data.get("latest")
+                header = data["checkpoints"].get(bucket(latest), {}).get(latest) if latest else None
+                if header is None:
+                    continue
+                for channel, version in self.codec.decode(header["versions"]).items():
+                    stored = data["channels"].get(channel, {})
+                    known = stored.get("versions", {}).get(bucket(str(version)), {})
+                    log_no = known.get(str(version), {}).get("log")
+                    if log_no is not None:
+                        self._items(thread, ns, channel, log_no, stored["logs"][log_no])
 
     # --- binding to a turn ---------------------------------------------------------------
 
@@ -200,6 +225,10 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         length = (len(log) - 1) * CHUNK + len(log[-1]) if log else 0
         if items is None or len(items) > length:
             items = self._logs[key] = []
+        if len(items) < length:
+            self.decoded += length - len(items)
+            if self._turn.get() is not None:
+                self.decoded_in_turns += length - len(items)
         while len(items) < length:
             chunk, at = divmod(len(items), CHUNK)
             items.extend(self.codec.decode(item) for item in log[chunk][at:])
