@@ -42,6 +42,7 @@ from shadowpod.gates.persona import PersonaCheck, PersonaPolicy, Stage, judge_pe
 from shadowpod.gates.policy import GatePolicy
 from shadowpod.gates.replay import SandboxReport, live_pairs, pairs_of
 from shadowpod.gates.semantic import SemanticUnavailable
+from shadowpod.gates.verdicts import GateVerdict
 
 PAGE: Final = 5000
 WORST: Final = 5
@@ -247,6 +248,7 @@ class ShadowValidator:
     ) -> ValidationSummary:
         chat = None
         try:
+            await self.before_judging(gate)
             chat = chat_model(gate) if gate.judge == "llm" else None
             judge = build_judge(gate, agent_patterns=report.nondeterministic, chat=chat)
             verdict = await evaluate(gate, judge, pairs)
@@ -255,19 +257,35 @@ class ShadowValidator:
         finally:
             if chat is not None:
                 await chat.close()
-        return ValidationSummary(
-            judge=verdict.judge,
-            compared=verdict.compared,
-            agreed=verdict.agreed,
-            agreement=verdict.agreement,
-            threshold=verdict.threshold,
-            passed=verdict.passed,
-            golden=golden,
-            worst=[
-                f"turn {v.turn} (score {v.score:.2f}): {v.reason}; source said "
-                f"{v.expected[:SHOWN]!r}, {image} said {v.got[:SHOWN]!r}"
-                for v in verdict.worst(WORST)
-            ],
-            message=f"{image} {verdict.summary()}"
-            + (f" on the golden session {golden}" if golden else " on live turns"),
-        )
+        await self.keep(verdict, golden=golden)
+        return summary_of(verdict, image, golden=golden)
+
+    # --- what a runtime may add -------------------------------------------------------
+
+    async def before_judging(self, gate: GatePolicy) -> None:
+        """Called before each verdict: provide what the judge needs (the operator reads
+        the LLM judge's key from its Secret here). Raise ``ValidationUnavailable``."""
+
+    async def keep(self, verdict: GateVerdict, *, golden: str | None) -> None:
+        """Called with every verdict, every turn's answers in it, before the summary
+        goes to the engine (the operator keeps them for ``kubectl shadowpod diff``)."""
+
+
+def summary_of(verdict: GateVerdict, image: str, *, golden: str | None) -> ValidationSummary:
+    """What the record keeps of a verdict: the counts and the worst disagreements."""
+    return ValidationSummary(
+        judge=verdict.judge,
+        compared=verdict.compared,
+        agreed=verdict.agreed,
+        agreement=verdict.agreement,
+        threshold=verdict.threshold,
+        passed=verdict.passed,
+        golden=golden,
+        worst=[
+            f"turn {v.turn} (score {v.score:.2f}): {v.reason}; source said "
+            f"{v.expected[:SHOWN]!r}, {image} said {v.got[:SHOWN]!r}"
+            for v in verdict.worst(WORST)
+        ],
+        message=f"{image} {verdict.summary()}"
+        + (f" on the golden session {golden}" if golden else " on live turns"),
+    )

@@ -8,18 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
 from typing import Any
 
-from shadowpod.client.validation import SHOWN, WORST, ShadowValidator
+from shadowpod.client.validation import ShadowValidator
 from shadowpod.engine.ports import ValidationUnavailable
-from shadowpod.engine.record import ValidationSummary
-from shadowpod.gates.answers import TurnPair
-from shadowpod.gates.gate import build_judge, chat_model, evaluate, shared_embedder
-from shadowpod.gates.llm import JudgeUnavailable
+from shadowpod.gates.gate import shared_embedder
 from shadowpod.gates.policy import GatePolicy
-from shadowpod.gates.replay import SandboxReport
-from shadowpod.gates.semantic import SemanticUnavailable
 from shadowpod.gates.verdicts import GateVerdict
 from shadowpod.kube import answers, validation
 from shadowpod.kube.context import OperatorContext
@@ -82,61 +76,18 @@ class ClusterValidator(ShadowValidator):
             target_image=target_image,
         )
 
-    async def _judge(
-        self,
-        pairs: Sequence[TurnPair],
-        report: SandboxReport,
-        image: str,
-        gate: GatePolicy,
-        *,
-        golden: str | None = None,
-    ) -> ValidationSummary:
-        """As ``ShadowValidator``'s, keeping every turn's verdict (both answers, the
-        score and the reason) in the answers ConfigMap before the verdict is returned."""
-        verdict = await self._verdict(pairs, report, gate)
-        await self._keep(verdict, golden=golden)
-        return ValidationSummary(
-            judge=verdict.judge,
-            compared=verdict.compared,
-            agreed=verdict.agreed,
-            agreement=verdict.agreement,
-            threshold=verdict.threshold,
-            passed=verdict.passed,
-            golden=golden,
-            worst=[
-                f"turn {v.turn} (score {v.score:.2f}): {v.reason}; source said "
-                f"{v.expected[:SHOWN]!r}, {image} said {v.got[:SHOWN]!r}"
-                for v in verdict.worst(WORST)
-            ],
-            message=f"{image} {verdict.summary()}"
-            + (f" on the golden session {golden}" if golden else " on live turns"),
-        )
-
-    async def _verdict(
-        self, pairs: Sequence[TurnPair], report: SandboxReport, gate: GatePolicy
-    ) -> GateVerdict:
-        chat = None
-        try:
-            if gate.judge == "llm":
-                await self._provide_key()
-                chat = chat_model(gate)
-            judge = build_judge(gate, agent_patterns=report.nondeterministic, chat=chat)
-            return await evaluate(gate, judge, pairs)
-        except (SemanticUnavailable, JudgeUnavailable, ValueError) as exc:
-            raise ValidationUnavailable(f"the {gate.judge} judge cannot run: {exc}") from exc
-        finally:
-            if chat is not None:
-                await chat.close()
-
-    async def _provide_key(self) -> None:
-        if self.policy is None:
+    async def before_judging(self, gate: GatePolicy) -> None:
+        """The LLM judge's key, from the Secret the policy names."""
+        if gate.judge != "llm" or self.policy is None:
             return
         try:
             await validation.provide_judge_key(self.ctx, self.namespace, self.policy)
         except validation.InvalidValidationPolicy as exc:
             raise ValidationUnavailable(str(exc)) from None
 
-    async def _keep(self, verdict: GateVerdict, *, golden: str | None) -> None:
+    async def keep(self, verdict: GateVerdict, *, golden: str | None) -> None:
+        """Every turn's verdict (both answers, the score and the reason) in the
+        answers ConfigMap, for ``kubectl shadowpod diff``."""
         found, cut = answers.comparison(
             verdict.turns,
             judge=verdict.judge,
