@@ -278,6 +278,31 @@ async def test_a_version_that_forgets_who_it_is_is_rolled_back_by_the_persona_ch
     )
 
 
+async def test_a_drift_the_policy_only_warns_of_is_said_at_both_probes_and_the_move_goes_on(
+    world: World,
+) -> None:
+    persona = {"judge": "Semantic", "onDrift": "Warn"}
+    await world.apply(session_manifest("g5", image="refagent:v2", migration={"persona": persona}))
+    await world.wait_running("g5", epoch=1)
+    renamed = await bump(world, "g5", "refagent:v2-renamed")  # calls itself Rex
+    migration = await world.wait_finished(renamed)
+    status = migration["status"]
+    assert status["result"] == "Succeeded", status.get("message")
+    # Probed after its restore and again once it owned the session: both drifted, both
+    # only warned of — after the fence with no way back said so.
+    restore, promotion = status["persona"]
+    assert (restore["stage"], restore["drifted"], restore["action"]) == ("restore", True, "warned")
+    assert promotion["stage"] == "promotion" and promotion["drifted"]
+    assert promotion["action"].startswith("warned") and "no way back" in promotion["action"]
+    assert "PersonaDrift" in await reasons(world, "g5")
+    body = await world.wait_running("g5", epoch=2)
+    assert body["status"]["ownerPod"] == status["target"]["pod"]
+    assert (
+        sample(world, "shadowpod_migrations_rolled_back_by_validation_total", reason="PersonaDrift")
+        == 0
+    )
+
+
 async def test_the_llm_judge_reads_its_key_from_the_secret_the_policy_names(
     world: World,
     chat_server: ChatServer,  # noqa: F811 - the fixture imported above
