@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import signal
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from shadowpod.agent.checkpoint import _private_epoll
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.images import reference_images
 from tests.agent.support import SESSION, agent_get, post, wait_answered, wait_for
@@ -111,3 +114,40 @@ async def test_an_agent_on_uvloop_refuses_a_checkpoint_saying_how_to_allow_it(
         assert "SHADOWPOD_EVENT_LOOP=asyncio" in body["message"]
         code, body = await checkpoint(dep, "v1", {"wait_s": -1})
         assert (code, body["reason"]) == (400, "BadRequest")
+
+
+def test_a_copy_keeps_its_own_epoll_entries_though_the_parent_adds_more_after_the_fork() -> None:
+    """The parent serves on while the copy rebuilds its epoll from the shared interest
+    list: a descriptor the parent registered after the fork is not the copy's. Before,
+    the copy gave up on it (EBADF) and exited instead of stopping for the dump."""
+    shared = select.epoll()
+    mine = socket.socketpair()
+    opened = [*mine]
+    shared.register(mine[0].fileno(), select.EPOLLIN)
+    go_read, go_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the copy: waits until the parent has registered one more
+        code = 1
+        try:
+            os.read(go_read, 1)
+            _private_epoll(shared.fileno())
+            with open(f"/proc/self/fdinfo/{shared.fileno()}") as info:
+                listed = [line.split()[1] for line in info if line.startswith("tfd:")]
+            code = 0 if listed == [str(mine[0].fileno())] else 3
+        except OSError:
+            code = 2
+        finally:
+            os._exit(code)
+    try:
+        # Opened after the fork, numbered past anything the copy has.
+        opened += [socket.socket() for _ in range(8)]
+        shared.register(opened[-1].fileno(), select.EPOLLIN)
+        os.write(go_write, b"x")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        shared.close()
+        for sock in opened:
+            sock.close()
+        os.close(go_read)
+        os.close(go_write)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import errno
 import os
 import signal
 import socket
@@ -148,7 +149,12 @@ def _isolate() -> None:
 def _private_epoll(fd: int) -> None:
     """Replace epoll ``fd`` (shared with the parent since the fork) by a new one with
     the same interest list, read from ``/proc/self/fdinfo``; each entry's data word is
-    kept as it was (selectors and libuv store the descriptor there)."""
+    kept as it was (selectors and libuv store the descriptor there).
+
+    The parent goes on serving meanwhile, on the same interest list: an entry it added
+    after the fork names a descriptor this copy does not have (``EBADF``), or one it
+    has too under the same number (``EEXIST`` once listed twice). Neither is the
+    copy's to wait on; it is left out."""
     entries = []
     with open(f"/proc/self/fdinfo/{fd}") as info:
         for line in info:
@@ -163,7 +169,10 @@ def _private_epoll(fd: int) -> None:
         for target, events, data in entries:
             event = ctypes.create_string_buffer(struct.pack("=IQ", events, data))
             if libc.epoll_ctl(private, _EPOLL_CTL_ADD, target, event) != 0:
-                raise OSError(ctypes.get_errno(), f"epoll_ctl ADD {target}")
+                error = ctypes.get_errno()
+                if error in (errno.EBADF, errno.EEXIST):
+                    continue
+                raise OSError(error, f"epoll_ctl ADD {target}")
         os.dup2(private, fd, inheritable=False)
     finally:
         os.close(private)
