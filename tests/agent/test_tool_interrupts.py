@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +15,11 @@ import pytest
 from pydantic import JsonValue
 
 from shadowpod.agent import ToolAbandoned, Turn
-from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.bench.inprocess import InProcessOwner
+from shadowpod.domain.entries import JournalEntry
 from shadowpod.domain.ownership import Ownership
-from shadowpod.domain.payloads import EntryKind, MessagePayload, Role
-from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.state import CallStatus, SessionState
+from shadowpod.domain.payloads import EntryKind
+from shadowpod.domain.state import CallStatus
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 
 SESSION = "s"
@@ -30,38 +29,14 @@ class Asked(Exception):
     """What the framework raises to stop and ask."""
 
 
-class Owner:
+class Owner(InProcessOwner):
     """Turns on the folded state, their outputs appended durably and folded back."""
 
     def __init__(self, store: SQLiteJournalStore) -> None:
-        self.store = store
-        self.folder = StateFolder(SessionState())
-
-    async def _append(self, entries: list[NewEntry], epoch: int | None) -> list[int]:
-        appended = await self.store.append(SESSION, entries, owner_epoch=epoch)
-        now = datetime.now(UTC)
-        self.folder.apply_all(
-            JournalEntry(a.seq, e.id, e.kind, epoch or 0, now, e.payload)
-            for a, e in zip(appended, entries, strict=True)
-        )
-        return [a.seq for a in appended]
+        super().__init__(store, SESSION, instance="test")
 
     async def turn(self, action: Callable[[Turn], Awaitable[Any]]) -> Any:
-        (seq,) = await self._append(
-            [NewEntry.of(MessagePayload(role=Role.USER, content="x"))], None
-        )
-        state = self.folder.peek()
-        turn = Turn(
-            tools={},
-            state_schema=1,
-            state=state,
-            inbound=state.pending[seq],
-            values=dict(state.agent.values),
-            epoch=1,
-            instance="test",
-            append=lambda entries: self._append(list(entries), 1),
-            processes=None,  # type: ignore[arg-type]  # no process started here
-        )
+        _, turn = await self.open_turn("x")
         return await action(turn)
 
     async def journal(self) -> list[JournalEntry]:

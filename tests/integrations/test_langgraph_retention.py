@@ -18,9 +18,8 @@ from langgraph.types import Command
 
 from shadowpod.agent import Turn
 from shadowpod.bench.langgraph import SESSION, _build_graph, _Owner
-from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.entries import JournalEntry
 from shadowpod.domain.ownership import Ownership
-from shadowpod.domain.payloads import AckPayload, MessagePayload, Role
 from shadowpod.domain.reducer import fold
 from shadowpod.domain.state import SessionState
 from shadowpod.integrations.langgraph import ROOT, ShadowpodSaver
@@ -34,26 +33,9 @@ class Owner(_Owner):
     """The benchmark's in-process owner, able to run any action as a turn."""
 
     async def within(self, action: Callable[[Turn], Awaitable[Any]]) -> Any:
-        inbound = NewEntry.of(MessagePayload(role=Role.USER, content="(action)"))
-        (seq,) = await self._append([inbound], None)
-        state = self.folder.peek()
-        turn = Turn(
-            tools={},
-            state_schema=1,
-            state=state,
-            inbound=state.pending[seq],
-            values=dict(state.agent.values),
-            epoch=1,
-            instance="test",
-            append=lambda entries: self._append(list(entries), 1),
-            processes=None,  # type: ignore[arg-type]
-        )
+        seq, turn = await self.open_turn("(action)")
         result = await action(turn)
-        outputs = turn.take_outputs()
-        if (entry := turn.state_entry()) is not None:
-            outputs.append(entry)
-        outputs.append(NewEntry.of(AckPayload(turn=seq), id=f"ack:{seq}"))
-        await self._append(outputs, 1)
+        await self.close_turn(seq, turn)
         return result
 
     def values(self) -> dict[str, Any]:

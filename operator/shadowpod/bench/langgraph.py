@@ -38,20 +38,15 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
 from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from shadowpod.agent import Turn
+from shadowpod.bench.inprocess import InProcessOwner
 from shadowpod.bench.machine import LOOP_STEPS, MachineProbe
-from shadowpod.domain.entries import JournalEntry, NewEntry
 from shadowpod.domain.ownership import Ownership
-from shadowpod.domain.payloads import AckPayload, MessagePayload, Role
-from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.state import SessionState
 from shadowpod.integrations.langgraph import ShadowpodSaver, graph_handler
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 from shadowpod.local.images import examples_dir
@@ -119,51 +114,24 @@ class _Stopwatch:
 SAVER_METHODS: Final = ("aget_tuple", "aput", "aput_writes")
 
 
-class _Owner:
-    """What an owner does for one session, in process: turns on the folded state,
+class _Owner(InProcessOwner):
+    """The LangGraph graph as an owner in process, timed: turns on the folded state,
     their outputs appended durably to the journal store, and folded back."""
 
     def __init__(self, store: SQLiteJournalStore, graph: Any, saver: ShadowpodSaver) -> None:
-        self.store = store
+        super().__init__(store, SESSION, instance="bench")
         self.handler = graph_handler(saver, graph)
-        self.folder = StateFolder(SessionState())
         self.saving = _Stopwatch()
         self.saving.wrap(saver, *SAVER_METHODS)
-
-    async def _append(self, entries: list[NewEntry], epoch: int | None) -> list[int]:
-        appended = await self.store.append(SESSION, entries, owner_epoch=epoch)
-        now = datetime.now(UTC)
-        self.folder.apply_all(
-            JournalEntry(a.seq, e.id, e.kind, epoch or 0, now, e.payload)
-            for a, e in zip(appended, entries, strict=True)
-        )
-        return [a.seq for a in appended]
 
     async def turn(self, content: str) -> tuple[float, float]:
         """One turn: the seconds from the graph's start to its outputs being durable,
         and those of them spent saving its checkpoints."""
-        inbound = NewEntry.of(MessagePayload(role=Role.USER, content=content))
-        (seq,) = await self._append([inbound], None)
-        state = self.folder.peek()
+        seq, turn = await self.open_turn(content)
         started = time.perf_counter()
-        turn = Turn(
-            tools={},
-            state_schema=1,
-            state=state,
-            inbound=state.pending[seq],
-            values=dict(state.agent.values),
-            epoch=1,
-            instance="bench",
-            append=lambda entries: self._append(list(entries), 1),
-            processes=None,  # type: ignore[arg-type]  # this agent starts none
-        )
         await self.handler(turn)
         ended = time.perf_counter()
-        outputs = turn.take_outputs()
-        if (entry := turn.state_entry()) is not None:
-            outputs.append(entry)
-        outputs.append(NewEntry.of(AckPayload(turn=seq), id=f"ack:{seq}"))
-        await self._append(outputs, 1)
+        await self.close_turn(seq, turn)
         now = time.perf_counter()
         return now - started, self.saving.lap() + (now - ended)
 
