@@ -2,8 +2,12 @@
 
 The journal holds JSON, and a delta is only as small as the items it appends: so a
 list (a ``messages`` channel) is encoded item by item, each chat message as
-LangChain's own dict form (``message_to_dict``, readable in the journal), anything
-else JSON cannot hold (an ``Interrupt``, a ``Send``, a tuple, bytes, NaN) as
+LangChain's own dict form (``message_to_dict``, readable in the journal) less the
+fields that hold their defaults (empty ``additional_kwargs``, ``tool_calls``, a
+``None`` name...): LangChain fills them in again when it reads the message, and a
+plain chat message is then half the bytes and a third of the objects — what every
+snapshot encodes, every shadow loads and a new owner decodes. Anything else JSON
+cannot hold (an ``Interrupt``, a ``Send``, a tuple, bytes, NaN) as
 LangGraph's own serializer writes it, in base64. Objects whose keys start with ``$``
 are wrapped, so no value of the graph is ever taken for one of these envelopes.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import math
+from functools import cache
 from typing import Any
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
@@ -40,7 +45,7 @@ class ValueCodec:
                 return {"$dict": encoded}
             return encoded
         if isinstance(value, BaseMessage):
-            return {"$message": message_to_dict(value)}
+            return {"$message": _compact(message_to_dict(value), type(value))}
         return self._opaque(value)
 
     def decode(self, data: Any) -> Any:
@@ -62,3 +67,26 @@ class ValueCodec:
     def _opaque(self, value: Any) -> JsonValue:
         kind, data = self._serde.dumps_typed(value)
         return {"$serde": [kind, base64.b64encode(data).decode()]}
+
+
+def _compact(form: dict[str, Any], kind: type[BaseMessage]) -> dict[str, Any]:
+    """``message_to_dict``'s form without the fields equal to their defaults (an
+    explicit default reads back as the default: ``messages_from_dict`` reads both)."""
+    defaults = _defaults(kind)
+    data = {
+        name: item
+        for name, item in form["data"].items()
+        if name not in defaults or item != defaults[name]
+    }
+    return {"type": form["type"], "data": data}
+
+
+@cache
+def _defaults(kind: type[BaseMessage]) -> dict[str, Any]:
+    """The defaults of a message class's optional fields (asked once per class: pydantic
+    inspects a default factory's signature each time it is asked)."""
+    return {
+        name: field.get_default(call_default_factory=True, validated_data={})
+        for name, field in kind.model_fields.items()
+        if not field.is_required()
+    }
