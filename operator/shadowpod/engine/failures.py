@@ -1,0 +1,46 @@
+"""Why a phase of the migration engine failed: each kind carries the ``reason`` the
+record (and the resource's condition) reports."""
+
+from __future__ import annotations
+
+from shadowpod.domain.errors import ShadowpodError
+
+
+class StepFailed(ShadowpodError):
+    """A phase cannot succeed; the message says why (it ends up in the record)."""
+
+    reason = "MigrationStepFailed"
+
+
+class PhaseTimedOut(StepFailed):
+    reason = "PhaseTimeout"
+
+
+class MaxDurationExceeded(StepFailed):
+    reason = "MaxDurationExceeded"
+
+
+class IncompatibleStateSchema(StepFailed):
+    reason = "IncompatibleStateSchema"
+
+
+class CredentialsMissing(StepFailed):
+    reason = "CredentialsMissing"
+
+
+class OwnershipChanged(StepFailed):
+    reason = "OwnershipChanged"
+
+
+class InstanceFailed(StepFailed):
+    reason = "InstanceFailed"
+
+
+class CheckpointNeedsSameImage(StepFailed):
+    reason = "CheckpointNeedsSameImage"
+
+
+class ValidationFailed(StepFailed):
+    """The target's answers did not agree enough with the source's (upgrade gate)."""
+
+    reason = "ValidationFailed"
