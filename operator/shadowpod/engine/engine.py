@@ -76,6 +76,7 @@ class MigrationEngine:
         self.checkpointer = checkpointer
         self.control = control
         self.records = records
+        self.validator = validator
         self.steps = Steps(runtime, control, records, clock=clock, poll_s=poll_s)
         self.validation = Validation(self.steps, validator)
         self.restart = Restart(self.steps)
