@@ -176,7 +176,7 @@ async def test_strategy_criu_rolls_back_when_the_runtime_cannot_checkpoint(
     assert status["failedPhase"] == "Snapshotting"
     body = await world.wait_running("c1", epoch=1)
     assert (body["status"]["ownerPod"], body["status"]["nodeName"]) == (source, here)
-    await eventually(lambda: _only(world, "c1", source), timeout=30)
+    await eventually(lambda: only_pod(world, "c1", source), timeout=30)
 
 
 async def test_strategy_criu_rolls_back_when_the_target_node_cannot_restore(
@@ -194,7 +194,7 @@ async def test_strategy_criu_rolls_back_when_the_target_node_cannot_restore(
     assert f"node {there} cannot restore a checkpoint" in failed["message"]
     assert status["failedPhase"] == "Restoring"
     assert len(emulator.checkpoint_requests) == 1  # checkpointed, never restored
-    await eventually(lambda: _only(world, "c2", source), timeout=30)
+    await eventually(lambda: only_pod(world, "c2", source), timeout=30)
 
 
 async def test_a_checkpoint_becomes_a_shadow_pod_of_the_checkpoint_image(
@@ -224,7 +224,7 @@ async def test_a_checkpoint_becomes_a_shadow_pod_of_the_checkpoint_image(
     assert (status["result"], status["strategy"]) == ("RolledBack", "CRIU")
     assert status["failedPhase"] == "Restoring"
     assert "a CRIU checkpoint" in status["strategyMessage"]
-    await eventually(lambda: _only(world, "c3", source), timeout=30)
+    await eventually(lambda: only_pod(world, "c3", source), timeout=30)
 
 
 RESTORE_OFF = (
@@ -253,6 +253,7 @@ async def test_a_runtime_that_will_not_restore_falls_back_or_rolls_back(
         assert "checkpoint_only" in status["strategyMessage"]
         body = await world.wait_running(name, epoch=2)
         assert body["status"]["nodeName"] == there
+        await eventually(lambda: only_pod(world, name, body["status"]["ownerPod"]), timeout=30)
         [owner] = await world.pods(name)
         assert "/checkpoint:" not in owner["spec"]["containers"][0]["image"]  # the state path
     else:
@@ -262,7 +263,7 @@ async def test_a_runtime_that_will_not_restore_falls_back_or_rolls_back(
         assert "checkpoint_only" in failed["message"]
         assert status["failedPhase"] == "Restoring"
         await world.wait_running(name, epoch=1)
-        await eventually(lambda: _only(world, name, source), timeout=30)
+        await eventually(lambda: only_pod(world, name, source), timeout=30)
 
 
 @pytest.mark.parametrize("strategy", [None, "CRIU"], ids=["auto", "criu"])
@@ -298,5 +299,6 @@ async def test_a_forbidden_node_proxy_says_to_enable_the_chart_switch(
         assert said and said[0][0] == "Warning" and switch in said[0][1], (obj, said)
 
 
-async def _only(world: World, session: str, pod: str) -> bool:
+async def only_pod(world: World, session: str, pod: str) -> bool:
+    """Only ``pod`` is left of the session's pods (a deleted one is gone in its own time)."""
     return [p["metadata"]["name"] for p in await world.pods(session)] == [pod]

@@ -28,7 +28,7 @@ from tests.kube.emulator.kubelets import FEATURE_GATE_OFF
 from tests.kube.kubelet import Kubelet
 from tests.kube.operator_world import World, world_of
 from tests.kube.support import eventually
-from tests.kube.test_operator_criu import REGISTRY, label_nodes, move, start_session
+from tests.kube.test_operator_criu import REGISTRY, label_nodes, move, only_pod, start_session
 
 pytestmark = pytest.mark.timeout(120)
 KEP_CRD = Path(__file__).parent / "emulator" / "podcheckpoints.yaml"
@@ -86,6 +86,8 @@ async def test_auto_takes_a_pod_checkpoint_where_the_api_is_served(
     assert kubelet.pod_checkpoints.taken == [shadow]  # checkpointed once
     body = await world.wait_running("k1", epoch=2)
     assert (body["status"]["ownerPod"], body["status"]["nodeName"]) == (shadow, here)
+    # The old pod was deleted as the move ended; Kubernetes removes it in its own time.
+    await eventually(lambda: only_pod(world, "k1", shadow), timeout=30)
     [owner] = await world.pods("k1")
     assert owner["metadata"]["name"] == shadow
     assert owner["spec"]["restoreFrom"] == shadow
