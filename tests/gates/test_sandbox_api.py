@@ -5,6 +5,7 @@ its own state and journal stay as they were."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -25,15 +26,17 @@ async def test_an_instance_answers_a_golden_file_in_its_sandbox(tmp_path: Path) 
         instance = dep.runtime.instance("forgetful-1")
         assert instance is not None
 
-        # Settled: its on_owner hook has started (and journaled) its background indexer.
-        async def settled() -> list[JournalEntry] | None:
-            entries = await read_journal(dep.admin, SESSION)
-            return entries if of_kind(entries, "process") else None
-
-        journal = await wait_for(settled, "the indexer journaled")
         async with aiohttp.ClientSession() as http:
-            async with http.get(f"{instance.url}/v1/state") as response:
-                state = await response.json()
+            # Settled: its on_owner hook has started (and journaled) its background
+            # indexer, and the instance has folded that entry back into its own state.
+            async def settled() -> tuple[list[JournalEntry], dict[str, Any]] | None:
+                entries = await read_journal(dep.admin, SESSION)
+                async with http.get(f"{instance.url}/v1/state") as response:
+                    state: dict[str, Any] = await response.json()
+                folded = entries and state["watermark"] == entries[-1].seq
+                return (entries, state) if of_kind(entries, "process") and folded else None
+
+            journal, state = await wait_for(settled, "the indexer journaled and folded")
             async with http.post(
                 f"{instance.url}/v1/sandbox/replay",
                 data=golden.read_bytes(),
