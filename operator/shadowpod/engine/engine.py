@@ -417,15 +417,7 @@ class MigrationEngine:
                 return self.steps.enter(probed, Phase.DRAINING)
             if not status.alive:
                 # The normal recovery path: a new instance from the latest snapshot.
-                await self.runtime.start(
-                    InstanceSpec(
-                        name=spec.target.name,
-                        image=spec.target.image,
-                        session=spec.session,
-                        mode="owner",
-                        epoch=epoch,
-                    )
-                )
+                await self.steps.start_owner(record, epoch)
                 note = f"new owner restarted at epoch {epoch}"
                 if status.left_behind:
                     note += f"; killed what it left running: {', '.join(status.left_behind)}"

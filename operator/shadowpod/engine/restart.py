@@ -5,7 +5,7 @@ snapshot — the session answers nothing in between."""
 from __future__ import annotations
 
 from shadowpod.engine.failures import OwnershipChanged
-from shadowpod.engine.ports import InstanceSpec, InstanceStatus
+from shadowpod.engine.ports import InstanceStatus
 from shadowpod.engine.record import FenceInfo, MigrationRecord, Phase
 from shadowpod.engine.steps import Steps
 
@@ -40,15 +40,7 @@ class Restart:
         assert record.fence is not None
         epoch = record.fence.epoch
         if not (await steps.runtime.status(spec.target.name)).alive:
-            await steps.runtime.start(
-                InstanceSpec(
-                    name=spec.target.name,
-                    image=spec.target.image,
-                    session=spec.session,
-                    mode="owner",
-                    epoch=epoch,
-                )
-            )
+            await steps.start_owner(record, epoch)
 
         async def serving() -> InstanceStatus | None:
             status = await steps.alive(spec.target.name, "new owner")

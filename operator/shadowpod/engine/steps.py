@@ -17,7 +17,13 @@ from shadowpod.engine.failures import (
     MaxDurationExceeded,
     PhaseTimedOut,
 )
-from shadowpod.engine.ports import InstanceStatus, RecordStore, Runtime, SessionControl
+from shadowpod.engine.ports import (
+    InstanceSpec,
+    InstanceStatus,
+    RecordStore,
+    Runtime,
+    SessionControl,
+)
 from shadowpod.engine.record import COMMITTED_PHASES, MigrationRecord, Phase
 
 logger = logging.getLogger(__name__)
@@ -102,6 +108,20 @@ class Steps:
         while True:
             yield delay
             delay = min(delay * 1.5, max(self.poll_s, slowest))
+
+    async def start_owner(self, record: MigrationRecord, epoch: int) -> None:
+        """Start the target as the session's owner at ``epoch``, from the latest snapshot
+        (the restart strategy's new owner; a promoted shadow that crashed)."""
+        spec = record.spec
+        await self.runtime.start(
+            InstanceSpec(
+                name=spec.target.name,
+                image=spec.target.image,
+                session=spec.session,
+                mode="owner",
+                epoch=epoch,
+            )
+        )
 
     async def alive(self, name: str, role: str) -> InstanceStatus:
         status = await self.runtime.status(name)
