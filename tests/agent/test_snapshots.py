@@ -11,9 +11,11 @@ import orjson
 import pytest
 
 from shadowpod.agent.snapshots import Snapshotter, periodic_offset, state_digest, state_json
+from shadowpod.domain.errors import StateDocumentInvalid
 from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.schema import load_state, load_state_json
+from shadowpod.domain.schema import load_state
 from shadowpod.domain.state import AgentState, PendingInbound, SessionState
+from shadowpod.journal.codec import load_state_json
 from tests.domain.builders import JournalBuilder
 
 
@@ -161,12 +163,20 @@ def test_the_fast_state_encoding_loads_back_to_the_same_state() -> None:
 
     assert SessionState.model_validate_json(encoded) == state
     assert orjson.loads(encoded) == orjson.loads(state.model_dump_json())
-    assert load_state_json(encoded, schema_version=state.schema_version) == state
+    assert load_state_json(encoded) == state
 
 
-def test_a_value_beyond_64_bits_is_still_encoded() -> None:
-    state = SessionState(memory={"big": 2**70})
+def test_a_value_beyond_64_bits_is_still_encoded_and_loads_back() -> None:
+    state = SessionState(memory={"big": 2**70}, agent=AgentState(values={"ids": [2**65, -(2**80)]}))
     assert SessionState.model_validate_json(state_json(state)) == state
+    assert load_state_json(state_json(state)) == state  # orjson reads no such integer
+
+
+def test_a_stored_document_that_is_not_a_state_says_so() -> None:
+    with pytest.raises(StateDocumentInvalid, match="the document is a JSON list"):
+        load_state_json(b"[1, 2]")
+    with pytest.raises(StateDocumentInvalid, match="schema_version is None"):
+        load_state_json(b'{"transcript": []}')
 
 
 def test_the_digest_is_equal_for_equal_states_however_they_were_made() -> None:
@@ -175,7 +185,7 @@ def test_the_digest_is_equal_for_equal_states_however_they_were_made() -> None:
     document = json.loads((Path(__file__).parent.parent / "fixtures" / "state_v1.json").read_text())
     state = load_state(document)
     state.pending[12] = PendingInbound(seq=12, id="m12", kind="message", content="hi")
-    restored = load_state_json(state_json(state), schema_version=state.schema_version)
+    restored = load_state_json(state_json(state))
     reordered = restored.model_copy(
         update={"memory": dict(reversed(list(restored.memory.items()))) | {"b": 1, "a": 2}}
     )

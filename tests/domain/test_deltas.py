@@ -15,8 +15,9 @@ from shadowpod.domain.deltas import apply_ops, diff
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import StateOp, StateOpKind, StatePayload
 from shadowpod.domain.reducer import StateFolder, fold
-from shadowpod.domain.schema import dump_state, load_state_json
+from shadowpod.domain.schema import dump_state
 from shadowpod.domain.state import SessionState
+from shadowpod.journal.codec import load_state_json
 from tests.domain.builders import JournalBuilder
 
 JSON = st.recursive(
@@ -91,7 +92,7 @@ def test_a_session_written_by_deltas_folds_to_the_values_its_turns_built() -> No
     # Folding from a snapshot at any point (through its JSON form) gives the same.
     for cut in (1, 40, 101):
         snapshot = fold(SessionState(), j.entries[:cut])
-        loaded = load_state_json(orjson.dumps(dump_state(snapshot)), schema_version=4)
+        loaded = load_state_json(orjson.dumps(dump_state(snapshot)))
         assert fold(loaded, j.entries[cut:]) == state
 
 

@@ -13,8 +13,9 @@ from shadowpod.agent.appends import state_parts
 from shadowpod.domain.entries import JournalEntry, NewEntry
 from shadowpod.domain.payloads import StatePayload
 from shadowpod.domain.reducer import fold
-from shadowpod.domain.schema import dump_state, load_state, load_state_json
+from shadowpod.domain.schema import dump_state, load_state
 from shadowpod.domain.state import SessionState
+from shadowpod.journal.codec import load_state_json
 from tests.domain.builders import JournalBuilder
 
 WHOLE = {"history": ['"quoted"', "back\\slash", "é" * 40, {"n": list(range(30))}], "k": 1}
@@ -32,7 +33,7 @@ def _add(j: JournalBuilder, entry: NewEntry, epoch: int = 1) -> JournalEntry:
 
 
 def _through_a_snapshot(state: SessionState) -> SessionState:
-    return load_state_json(orjson.dumps(dump_state(state)), schema_version=state.schema_version)
+    return load_state_json(orjson.dumps(dump_state(state)))
 
 
 def test_parts_apply_the_whole_entry_once_the_last_is_in_and_nothing_before() -> None:

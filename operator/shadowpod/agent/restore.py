@@ -15,8 +15,8 @@ from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.agent.promotion import CatchUp
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry
-from shadowpod.domain.schema import load_state_json
 from shadowpod.domain.state import SessionState
+from shadowpod.journal.codec import load_state_json
 
 PAGE: Final = 10_000
 # The first page is small: nothing is folded while it is fetched, and the pages after
@@ -30,11 +30,7 @@ async def restore(
     """The state of the snapshot at ``watermark`` (the latest when ``None``; an empty
     state when there is none yet), checked readable by ``agent``."""
     snapshot = await client.snapshot_document(session, watermark)
-    state = (
-        SessionState()
-        if snapshot is None
-        else load_state_json(snapshot.document_json, schema_version=snapshot.schema_version)
-    )
+    state = SessionState() if snapshot is None else load_state_json(snapshot.document_json)
     if state.agent.values:
         # Fail now, before claiming readiness, if we cannot read the agent's state.
         agent.migrate_state(dict(state.agent.values), state.agent.schema_version)

@@ -10,9 +10,9 @@ from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.domain.reducer import fold
-from shadowpod.domain.schema import load_state_json
 from shadowpod.domain.state import SessionState
 from shadowpod.gates.golden import GoldenFile, cut_golden
+from shadowpod.journal.codec import load_state_json
 
 PAGE: Final = 5000
 
@@ -40,7 +40,7 @@ async def record_golden(
     if from_seq > 1:
         document = await client.snapshot_document(session)
         if document is not None and document.watermark < from_seq:
-            base = load_state_json(document.document_json, schema_version=document.schema_version)
+            base = load_state_json(document.document_json)
             after = document.watermark
     entries: list[JournalEntry] = []
     while True:

@@ -23,7 +23,6 @@ History:
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -130,26 +129,6 @@ def migrate_document(
 def load_state(doc: Mapping[str, Any]) -> SessionState:
     """A ``SessionState`` from a stored document of any known schema version."""
     return SessionState.model_validate(migrate_document(doc))
-
-
-def load_state_json(document_json: bytes | str, *, schema_version: int) -> SessionState:
-    """``load_state`` of a document still in its JSON text, stored as ``schema_version``.
-
-    A document of the current schema is validated straight from the text, without the
-    intermediate objects: about half the time for a long session's state, which a shadow
-    spends before it can start catching up. Older documents are parsed and migrated.
-    """
-    if schema_version == CURRENT_SCHEMA_VERSION:
-        state = SessionState.model_validate_json(document_json)
-        if state.schema_version == CURRENT_SCHEMA_VERSION:
-            return state
-    document = json.loads(document_json)
-    if not isinstance(document, dict):
-        raise StateDocumentInvalid(
-            f"not a Shadowpod session state: the document is a JSON {type(document).__name__}, "
-            "expected an object"
-        )
-    return load_state(document)
 
 
 def dump_state(state: SessionState) -> Document:

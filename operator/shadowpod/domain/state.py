@@ -171,7 +171,7 @@ class AgentState(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    values: dict[str, JsonValue] = Field(default_factory=dict)
+    values: dict[str, Json] = Field(default_factory=dict)
     schema_version: int = 1
     # Split state entries not complete yet, by group (see ``StatePart``): kept in the
     # state so that a snapshot taken between two parts folds on like the journal does.
@@ -203,7 +203,7 @@ class SessionState(BaseModel):
     transcript: list[TranscriptMessage] = Field(default_factory=list)
     pending: dict[int, PendingInbound] = Field(default_factory=dict)
     tools: ToolLedger = Field(default_factory=ToolLedger)
-    memory: dict[str, JsonValue] = Field(default_factory=dict)
+    memory: dict[str, Json] = Field(default_factory=dict)
     schedules: dict[str, Schedule] = Field(default_factory=dict)
     credentials: dict[str, CredentialBinding] = Field(default_factory=dict)
     processes: dict[str, ProcessRecord] = Field(default_factory=dict)

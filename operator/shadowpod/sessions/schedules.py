@@ -36,8 +36,8 @@ from shadowpod.domain.payloads import (
     SchedulePayload,
 )
 from shadowpod.domain.reducer import StateFolder
-from shadowpod.domain.schema import load_state_json
 from shadowpod.domain.state import Schedule, SessionState
+from shadowpod.journal.codec import load_state_json
 from shadowpod.journal.errors import SessionNotFound
 from shadowpod.journal.store import JournalStore
 
@@ -109,9 +109,7 @@ class ScheduleBook:
         if not self.loaded:
             snapshot = await store.latest_snapshot(self.session)
             if snapshot is not None:
-                state = load_state_json(
-                    snapshot.document_json, schema_version=snapshot.info.schema_version
-                )
+                state = load_state_json(snapshot.document_json)
                 kept = sorted(state.schedules.values(), key=lambda s: s.set_seq)
                 self._schedules = {s.schedule_id: s for s in kept[:MAX_SCHEDULES_PER_SESSION]}
                 self.scanned_through = state.watermark
