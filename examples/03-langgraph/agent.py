@@ -198,6 +198,7 @@ def make_agent(version: str) -> Agent:
         }
 
     agent.on_message(graph_handler(saver, build_graph(saver), meta=meta))
+    agent.on_start(saver.prime)  # a process's first graph run, paid before any move
     if os.environ.get("LANGGRAPH_WARM", "1") != "0":  # 0: to measure without it
         agent.on_shadow_ready(saver.warm)  # the conversation decoded before the fence
     return agent

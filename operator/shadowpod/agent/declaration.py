@@ -35,6 +35,7 @@ OwnerHook = Callable[["OwnerContext"], Awaitable[None]]
 ReanchorHook = Callable[["SessionIdentity"], Awaitable[None]]
 # A shadow's agent values, read-only: what the owner's first turn will see.
 ShadowReadyHook = Callable[[Mapping[str, Any]], None]
+StartHook = Callable[[], Awaitable[None]]
 StateMigration = Callable[[dict[str, JsonValue]], dict[str, JsonValue]]
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -50,6 +51,7 @@ class AgentDeclaration:
         self.owner_hook: OwnerHook | None = None
         self.reanchor_hook: ReanchorHook | None = None
         self.shadow_ready_hook: ShadowReadyHook | None = None
+        self.start_hook: StartHook | None = None
         self.tools: dict[str, ToolSpec] = {}
         self.migrations: dict[int, StateMigration] = {}
         self.nondeterministic_patterns: list[str] = []
@@ -71,6 +73,18 @@ class AgentDeclaration:
         identity and the policy says ``reanchor``: re-read who the agent is (its name,
         its principles) and act as it. The persona is probed again after it."""
         self.reanchor_hook = fn
+        return fn
+
+    def on_start(self, fn: StartHook) -> StartHook:
+        """Called once as the process starts, before it serves or waits for anything:
+        a warm spare runs it before it is handed a session, so its cost is paid before
+        a migration needs the process. To warm what a process's first turn would
+        otherwise warm — in the fence pause, when that first turn is a new owner's:
+        lazy imports, caches, a framework's first run on throwaway input
+        (``ShadowpodSaver.prime``). It gets no session and no turn: it must not call a
+        model or a tool, nor change anything outside the process. Its errors are
+        logged, never fatal."""
+        self.start_hook = fn
         return fn
 
     def on_shadow_ready(self, fn: ShadowReadyHook) -> ShadowReadyHook:

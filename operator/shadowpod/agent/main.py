@@ -1,10 +1,11 @@
 """Running an agent process: settings from the environment, signals, exit code.
 
 A *warm* process (``SHADOWPOD_WARM=1``) is started before anyone needs it: it loads
-the agent's code — most of a start's cost, the interpreter and its imports — and
-then waits for one line on stdin, a JSON object of the environment that makes it an
-instance (identity, mode, epoch, listen address). It then runs as if it had been
-started with that environment. stdin closing first means it is not needed: exit 0.
+the agent's code — most of a start's cost, the interpreter and its imports — runs
+the agent's ``on_start`` hook, and then waits for one line on stdin, a JSON object of
+the environment that makes it an instance (identity, mode, epoch, listen address).
+It then runs as if it had been started with that environment. stdin closing first
+means it is not needed: exit 0.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import json
+import logging
 import os
 import signal
 import sys
@@ -27,6 +29,8 @@ from shadowpod.agent.sandbox import run_sandbox, sandbox_requested
 from shadowpod.agent.server import make_status_app
 from shadowpod.agent.settings import DESCRIBE_ENV, AgentSettings
 from shadowpod.agent.termination import write_termination_message
+
+logger = logging.getLogger(__name__)
 
 
 async def serve_agent(agent: AgentDeclaration, settings: AgentSettings) -> int:
@@ -95,6 +99,8 @@ def run_agent(agent: AgentDeclaration) -> None:
         print(json.dumps(describe(agent)), flush=True)
         sys.exit(0)
     eventloop.exit_with_parent()
+    if agent.start_hook is not None:
+        eventloop.run(_started(agent))
     if os.environ.get("SHADOWPOD_WARM") == "1":
         # The agent's code is loaded: its objects leave the collector's sight now, while
         # nobody waits, not after the handover (that first full collection is ~65 ms
@@ -122,6 +128,16 @@ def run_agent(agent: AgentDeclaration) -> None:
         write_termination_message(f"{type(exc).__name__}: {exc}")
         raise
     exit_without_teardown(code)
+
+
+async def _started(agent: AgentDeclaration) -> None:
+    """The agent's ``on_start`` hook, on a loop of its own (the instance's comes later,
+    once a warm process is handed its environment)."""
+    assert agent.start_hook is not None
+    try:
+        await agent.start_hook()
+    except Exception:
+        logger.exception("the on_start hook failed; the agent starts without it")
 
 
 def exit_without_teardown(code: int) -> NoReturn:

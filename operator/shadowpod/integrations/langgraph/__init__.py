@@ -9,6 +9,7 @@ saver = ShadowpodSaver()
 builder.add_node("tools", tool_node(saver, [lookup, send_email], idempotent={"lookup"}))
 agent.on_message(graph_handler(saver, builder.compile(checkpointer=saver)))
 agent.on_shadow_ready(saver.warm)  # the conversation decoded before the fence
+agent.on_start(saver.prime)  # a process's first graph run, paid before any move
 agent.run()
 ```
 

@@ -62,6 +62,7 @@ from pydantic import JsonValue
 from shadowpod.agent import Turn
 from shadowpod.integrations.langgraph.codec import ValueCodec
 from shadowpod.integrations.langgraph.retention import bucket, plan_pruning
+from shadowpod.integrations.langgraph.warmup import prime
 
 ROOT: Final = "langgraph"  # the key of ``turn.values`` the checkpoints live under
 StatePath = list[str | int]
@@ -125,6 +126,14 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
                     log_no = known.get(str(version), {}).get("log")
                     if log_no is not None:
                         self._items(thread, ns, channel, log_no, stored["logs"][log_no])
+
+    async def prime(self) -> None:
+        """Pay, on throwaway input, what a process's first graph run costs — LangChain's
+        lazy imports and caches, LangGraph's first Pregel run, this saver's codec — so
+        that a new owner's first turn after a move does not (``agent.on_start(saver.
+        prime)``; ``shadowpod.integrations.langgraph.warmup``). No model or tool of the
+        agent is called; nothing is written; no turn is needed."""
+        await prime(self.codec)
 
     # --- binding to a turn ---------------------------------------------------------------
 
