@@ -1,4 +1,5 @@
-"""How entries and snapshots are laid out in a database row (shared by both backends)."""
+"""How entries and snapshots are laid out in a database row (shared by both backends),
+and how a stored state document is read back."""
 
 from __future__ import annotations
 

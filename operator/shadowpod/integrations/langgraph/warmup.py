@@ -7,10 +7,9 @@ caches, pydantic inspects default factories, LangGraph's Pregel loop and
 owner's first turn, in the fence pause. ``prime`` runs the same code on throwaway
 input — a graph of LangGraph's own (a node calling LangChain's fake chat model, which
 asks for a tool, a ``ToolNode``, ``tools_condition``, ``MessagesState``) on an
-in-memory saver, and the
-codec on a message of each kind — so that a warm spare pays it before it is handed a
-session (``agent.on_start(saver.prime)``). No model and none of the agent's tools are
-called; nothing is journaled.
+in-memory saver, and the codec on a message of each kind — so that a warm spare pays
+it before it is handed a session (``agent.on_start(saver.prime)``). No model and none
+of the agent's tools are called; nothing is journaled.
 """
 
 from __future__ import annotations
@@ -59,10 +58,9 @@ def _model() -> FakeMessagesListChatModel:
     return FakeMessagesListChatModel(responses=answers)
 
 
-async def prime(codec: ValueCodec) -> int:
+async def prime(codec: ValueCodec) -> None:
     """Run the throwaway graph once (two model steps and a tool step, checkpointed as
-    a turn's are) and the codec on each kind of message; returns the messages the
-    graph ended with (5)."""
+    a turn's are) and the codec on each kind of message."""
     for message in _messages():
         codec.decode(codec.encode(message))
     model = _model()
@@ -79,6 +77,5 @@ async def prime(codec: ValueCodec) -> int:
     graph = builder.compile(checkpointer=InMemorySaver())
     config: Any = {"configurable": {"thread_id": "shadowpod-prime"}}
     start: MessagesState = {"messages": [SystemMessage(content="s"), HumanMessage(content="h")]}
-    result = await graph.ainvoke(start, config, durability="sync")
+    await graph.ainvoke(start, config, durability="sync")
     await graph.aget_state(config)
-    return len(result["messages"])
