@@ -66,7 +66,7 @@ image-test: $(STAMP)
 
 # A real Kubernetes cluster on this machine (root): a control plane and two nodes with
 # containerd, built from source and cached under ~/.cache/shadowpod (hack/cluster/up).
-# Prints the kubeconfig's path; a second run starts in seconds, a cold build ~20 min.
+# Prints the kubeconfig's path; a cold build ~20 min, a start from the cache 2-3 min.
 cluster:
 	hack/cluster/up
 
