@@ -37,6 +37,40 @@ class Fenced(ShadowpodError):
         )
 
 
+class OwnerMismatch(Fenced):
+    """An owner write at the current epoch by another instance than the one named
+    owner at it: only the instance the ownership record names may write at an epoch."""
+
+    def __init__(self, session: str, *, epoch: int, owner: str, current_owner: str | None) -> None:
+        ShadowpodError.__init__(
+            self,
+            f"session {session!r}: epoch {epoch} belongs to owner {current_owner!r}, not "
+            f"{owner!r}; this instance was not named owner at that epoch and must not write",
+        )
+        self.session = session
+        self.epoch = epoch
+        self.current = epoch
+        self.owner = owner
+
+
+class IdempotencyConflict(ShadowpodError):
+    """An entry whose idempotency key was journaled before with other content: a key
+    names one entry, so the write is refused rather than taken for a repeat."""
+
+    reason = "IdempotencyConflict"
+
+    def __init__(self, session: str, *, entry_id: str, seq: int | None) -> None:
+        self.session = session
+        self.entry_id = entry_id
+        self.seq = seq
+        where = f"at seq {seq}" if seq is not None else "earlier in the same append"
+        super().__init__(
+            f"session {session!r}: id {entry_id!r} was journaled {where} with other "
+            "content; an id names one entry — send the same content to retry, or a new id "
+            "for a new entry (nothing of this append was journaled)"
+        )
+
+
 class EpochConflict(ShadowpodError):
     """A compare-and-set of the ownership record expected another epoch."""
 

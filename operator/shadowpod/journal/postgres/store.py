@@ -42,7 +42,14 @@ from shadowpod.journal.followers import Followers
 from shadowpod.journal.postgres import ops
 from shadowpod.journal.postgres.listener import NotificationListener
 from shadowpod.journal.postgres.schema import check_schema_name, init_schema
-from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
+from shadowpod.journal.store import (
+    Appended,
+    Retention,
+    SessionInfo,
+    Snapshot,
+    SnapshotInfo,
+    Writer,
+)
 
 POOL_SIZE: Final = 16
 # Followers are woken by NOTIFY; the poll only bounds the delay if one is lost.
@@ -166,13 +173,21 @@ class PostgresJournalStore:
     # --- journal ----------------------------------------------------------------------
 
     async def append(
-        self, session: str, entries: Sequence[NewEntry], owner_epoch: int | None = None
+        self,
+        session: str,
+        entries: Sequence[NewEntry],
+        owner_epoch: int | None = None,
+        *,
+        owner: str | None = None,
+        writer: Writer = Writer.GATEWAY,
     ) -> list[Appended]:
         check_owner_epoch(owner_epoch)
         committed: list[JournalEntry] = []
         # One statement, its own transaction (autocommit): see ``append_entries``.
         async with self._conn() as conn:
-            results = await self._ops.append(conn, session, entries, owner_epoch, committed)
+            results = await self._ops.append(
+                conn, session, entries, owner_epoch, committed, owner=owner, writer=writer
+            )
         if committed:
             self._hub.publish(session, committed)
         return results

@@ -34,7 +34,14 @@ from shadowpod.journal.sqlite import snapshot_sql, sql
 from shadowpod.journal.sqlite.checkpointer import Checkpointer
 from shadowpod.journal.sqlite.open_failure import open_failure
 from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
-from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
+from shadowpod.journal.store import (
+    Appended,
+    Retention,
+    SessionInfo,
+    Snapshot,
+    SnapshotInfo,
+    Writer,
+)
 
 T = TypeVar("T")
 
@@ -208,14 +215,22 @@ class SQLiteJournalStore:
     # --- journal ----------------------------------------------------------------------
 
     async def append(
-        self, session: str, entries: Sequence[NewEntry], owner_epoch: int | None = None
+        self,
+        session: str,
+        entries: Sequence[NewEntry],
+        owner_epoch: int | None = None,
+        *,
+        owner: str | None = None,
+        writer: Writer = Writer.GATEWAY,
     ) -> list[Appended]:
         check_owner_epoch(owner_epoch)
         if not entries:
             await self.head(session)  # a missing session is an error even for no entries
             return []
         batch = tuple(entries)
-        return await self._write(session, lambda tx: sql.append(tx, session, batch, owner_epoch))
+        return await self._write(
+            session, lambda tx: sql.append(tx, session, batch, owner_epoch, owner, writer)
+        )
 
     async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
         check_read(after, limit)
