@@ -53,6 +53,19 @@ class OwnerMismatch(Fenced):
         self.owner = owner
 
 
+def check_writer(
+    session: str, epoch: int, current_owner: str | None, owner_epoch: int | None, owner: str | None
+) -> None:
+    """An owner write (``owner_epoch`` given) is allowed only at the session's epoch and,
+    when ``owner`` is named, only by the instance named owner at it."""
+    if owner_epoch is None:
+        return
+    if owner_epoch != epoch:
+        raise Fenced(session, epoch=owner_epoch, current=epoch)
+    if owner is not None and owner != current_owner:
+        raise OwnerMismatch(session, epoch=owner_epoch, owner=owner, current_owner=current_owner)
+
+
 class IdempotencyConflict(ShadowpodError):
     """An entry whose idempotency key was journaled before with other content: a key
     names one entry, so the write is refused rather than taken for a repeat."""

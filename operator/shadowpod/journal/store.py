@@ -165,11 +165,21 @@ class JournalStore(Protocol):
 
     # snapshots
     async def put_snapshot(
-        self, session: str, *, watermark: int, schema_version: int, document_json: bytes
+        self,
+        session: str,
+        *,
+        watermark: int,
+        schema_version: int,
+        document_json: bytes,
+        owner_epoch: int | None = None,
+        owner: str | None = None,
     ) -> SnapshotInfo:
         """Store ``document_json`` (the state document as JSON text, stored as it is:
         the caller checks it is a JSON object) as the snapshot at ``watermark``, and
-        delete what falls out of the ``MAX_SNAPSHOTS_PER_SESSION`` newest."""
+        delete what falls out of the ``MAX_SNAPSHOTS_PER_SESSION`` newest. With
+        ``owner_epoch`` (and ``owner``), an owner's write: refused (``Fenced``) in the
+        write's transaction unless the session is at that epoch (and that owner), as
+        ``append`` does — a fenced-out owner cannot replace what the next one restores."""
         ...
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot: ...

@@ -28,6 +28,7 @@ from shadowpod.journal.errors import (
     SessionNotFound,
     SnapshotNotFound,
     SnapshotTooOld,
+    check_writer,
 )
 from shadowpod.journal.ownership import epoch_marker, validate_transition
 from shadowpod.journal.postgres.schema import (
@@ -309,10 +310,18 @@ class Statements:
     # --- snapshots --------------------------------------------------------------------
 
     async def put_snapshot(
-        self, conn: Conn, session: str, watermark: int, schema_version: int, blob: bytes
+        self,
+        conn: Conn,
+        session: str,
+        watermark: int,
+        schema_version: int,
+        blob: bytes,
+        owner_epoch: int | None = None,
+        owner: str | None = None,
     ) -> SnapshotInfo:
         row = await self._row(conn, session, lock=True)
         sid = row[0]
+        check_writer(session, row[6], row[7], owner_epoch, owner)
         if not 0 <= watermark <= row[4]:
             raise InvalidSnapshot(
                 f"session {session!r}: snapshot watermark {watermark} is outside the journal "

@@ -241,13 +241,23 @@ class PostgresJournalStore:
     # --- snapshots --------------------------------------------------------------------
 
     async def put_snapshot(
-        self, session: str, *, watermark: int, schema_version: int, document_json: bytes
+        self,
+        session: str,
+        *,
+        watermark: int,
+        schema_version: int,
+        document_json: bytes,
+        owner_epoch: int | None = None,
+        owner: str | None = None,
     ) -> SnapshotInfo:
         check_seq("watermark", watermark)
         check_schema_version(schema_version)
+        check_owner_epoch(owner_epoch)
         blob = await asyncio.to_thread(codec.compress_document, document_json)
         async with self._tx() as conn:
-            return await self._ops.put_snapshot(conn, session, watermark, schema_version, blob)
+            return await self._ops.put_snapshot(
+                conn, session, watermark, schema_version, blob, owner_epoch, owner
+            )
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot:
         check_seq("watermark", watermark)

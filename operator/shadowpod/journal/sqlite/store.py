@@ -280,16 +280,26 @@ class SQLiteJournalStore:
     # --- snapshots --------------------------------------------------------------------
 
     async def put_snapshot(
-        self, session: str, *, watermark: int, schema_version: int, document_json: bytes
+        self,
+        session: str,
+        *,
+        watermark: int,
+        schema_version: int,
+        document_json: bytes,
+        owner_epoch: int | None = None,
+        owner: str | None = None,
     ) -> SnapshotInfo:
         check_seq("watermark", watermark)
         check_schema_version(schema_version)
+        check_owner_epoch(owner_epoch)
         # Compressed on a thread before it is submitted: the batch's SQL runs on the
         # event loop, and a large snapshot would hold up every other session's appends.
         blob = await asyncio.to_thread(codec.compress_document, document_json)
         return await self._write(
             session,
-            lambda tx: snapshot_sql.put_snapshot(tx, session, watermark, schema_version, blob),
+            lambda tx: snapshot_sql.put_snapshot(
+                tx, session, watermark, schema_version, blob, owner_epoch, owner
+            ),
         )
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot:
