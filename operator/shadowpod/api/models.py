@@ -194,6 +194,26 @@ class CreateSession(_Body):
         " operator writes it to a Secret first, so a crash between the two loses nothing);"
         " unset: the gateway makes the token and returns it once.",
     )
+    owner_credentials: bool = Field(
+        default=False,
+        description="true: owner writes need the credential of the instance the"
+        " ownership record names at the epoch (minted by POST .../owner-credentials for"
+        " each instance started), so an owner fenced out cannot write at a later epoch"
+        " with the session's agent token. false: the epoch alone is checked.",
+    )
+
+
+class OwnerCredentialRequest(_Body):
+    instance: OwnerName = Field(description="The instance (pod) the credential is for.")
+
+
+class OwnerCredential(_Body):
+    instance: str
+    credential: str = Field(
+        description="What the instance presents on the owner routes (header"
+        " Shadowpod-Owner-Credential, with its name in Shadowpod-Instance): it writes only"
+        " at the epochs the ownership record names it owner at."
+    )
 
 
 class SessionCreated(_Body):

@@ -58,7 +58,7 @@ LARGE_BODIES: Final = frozenset(
     {"post_message", "append_journal", "create_session", "post_drained"}
 )
 CONTROL_BODIES: Final = frozenset(
-    {"post_ack", "put_ownership", "fence", "unfence", "request_snapshot"}
+    {"post_ack", "put_ownership", "fence", "unfence", "request_snapshot", "mint_owner_credential"}
 )
 
 

@@ -34,11 +34,17 @@ class Gateway:
     firer: ScheduleFirer
     metrics: GatewayMetrics
     streams: set[asyncio.Task[Any]] = field(default_factory=set)
+    # The owner channels open per session: a deleted session's are closed, so that a
+    # session re-created under its name is never fed to (or written by) the old owner.
+    owner_channels: dict[str, set[asyncio.Task[Any]]] = field(default_factory=dict)
 
     def forget(self, session: str) -> None:
+        """Drop what this gateway keeps of a deleted session, and end its channels."""
         self.gates.forget(session)
         self.auth.forget(session)
         self.firer.forget(session)
+        for task in self.owner_channels.pop(session, set()):
+            task.cancel()
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

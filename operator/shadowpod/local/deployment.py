@@ -59,6 +59,7 @@ class LocalDeployment:
             )
         self.records = FileRecordStore(workdir / "migrations")
         self.admin = GatewayClient(self.gateway.url, self.gateway.control_token)
+        self.runtime.mint_owner_credential = self.admin.mint_owner_credential
         self.control = GatewayControl(self.admin)
         self.validator = local_validator(self.admin, self.runtime)
         self.engine = MigrationEngine(
@@ -114,6 +115,7 @@ class LocalDeployment:
                     for name in credentials
                 ],
                 schedules=list(schedules),
+                owner_credentials=True,
             ),
             owner=instance,
         )

@@ -28,6 +28,7 @@ import random
 import signal
 import socket
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -41,12 +42,19 @@ from shadowpod.agent.termination import TERMINATION_LOG_ENV
 from shadowpod.api.models import DrainReport
 from shadowpod.client.agent import instance_status, read_agent_status
 from shadowpod.client.gateway import GatewayClient, GatewayError
-from shadowpod.engine.ports import ImageInfo, InstanceSpec, InstanceStatus, RuntimeFailure
+from shadowpod.engine.ports import (
+    ImageInfo,
+    InstanceSpec,
+    InstanceStatus,
+    RuntimeFailure,
+    RuntimeUnavailable,
+)
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 from shadowpod.local.exits import TERMINATION_LOG, exit_reason
 from shadowpod.local.images import ImageMap, LocalImage
 from shadowpod.local.orphans import INVENTORY_ENV, TAG_ENV, Reaped, drain_report, kill_tagged
 
+MintCredential = Callable[[str, str], Awaitable[str | None]]
 logger = logging.getLogger(__name__)
 AGENT_PORT: Final = 8080
 # How long a drain report on a dead owner's behalf is retried while the gateway is away.
@@ -107,6 +115,10 @@ class LocalRuntime:
         self.credentials_dir = credentials_dir or workdir / "credentials"
         self._env = env or {}
         self._tokens: dict[str, str] = {}
+        # Who mints an instance's owner credential (the deployment, with the control
+        # token): (session, instance) -> credential, None for a session without them.
+        self.mint_owner_credential: MintCredential | None = None
+        self._credentials: dict[str, str] = {}  # instance -> its owner credential
         self._instances: dict[str, LocalInstance] = {}
         # A random /16 inside 127.0.0.0/8 per runtime, so that several local
         # deployments on one machine (parallel test runs, a demo) do not collide.
@@ -133,6 +145,19 @@ class LocalRuntime:
         self._tokens[session] = agent_token
         if identity is not None:
             self._identities[session] = identity
+
+    async def owner_credential(self, session: str, instance: str) -> str | None:
+        """The instance's owner credential, minted once (``None``: none to present)."""
+        known = self._credentials.get(instance)
+        if known is not None or self.mint_owner_credential is None:
+            return known
+        try:
+            minted = await self.mint_owner_credential(session, instance)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise RuntimeUnavailable(f"cannot mint {instance}'s owner credential: {exc}") from exc
+        if minted is not None:
+            self._credentials[instance] = minted
+        return minted
 
     def instance(self, name: str) -> LocalInstance | None:
         return self._instances.get(name)
@@ -237,6 +262,7 @@ class LocalRuntime:
             instance=spec.name,
             gateway=self.gateway_url,
             token=self._tokens[spec.session],
+            owner_credential=await self.owner_credential(spec.session, spec.name),
             agent_name=None if persona is None else persona.name,
             principles=None if persona is None else persona.principles,
         )
@@ -409,7 +435,9 @@ class LocalRuntime:
         process: one it sent itself before dying is not doubled)."""
         token = self._tokens.get(session)
         deadline = asyncio.get_running_loop().time() + REPORT_RETRY_S
-        async with GatewayClient(self.gateway_url, token) as client:
+        credential = self._credentials.get(report.instance)
+        owner = None if credential is None else (report.instance, credential)
+        async with GatewayClient(self.gateway_url, token, owner=owner) as client:
             while True:
                 try:
                     await client.drained(session, report)
