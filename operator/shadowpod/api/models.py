@@ -10,7 +10,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict
 
-from shadowpod.domain.bounds import EntrySeq, Epoch, OwnerEpoch, Seq
+from shadowpod.domain.bounds import INT64_MAX, EntrySeq, Epoch, OwnerEpoch, Seq
 from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
 from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.domain.payloads import (
@@ -254,7 +254,12 @@ class OwnershipChange(_Body):
 
 
 class FenceRequest(_Body):
-    expect_epoch: OwnerEpoch = Field(description="The epoch of the owner to fence.")
+    # The fence hands the session to epoch expect_epoch + 1, which must be an epoch too.
+    expect_epoch: Annotated[int, Strict()] = Field(
+        ge=1,
+        le=INT64_MAX - 1,
+        description="The epoch of the owner to fence (below 2^63-1: the fence moves to the next).",
+    )
     new_owner: OwnerName
     timeout_s: Annotated[float, Strict()] = Field(default=5.0, gt=0, le=300, allow_inf_nan=False)
 
