@@ -17,8 +17,10 @@ from shadowpod.gateway.context import GATEWAY, Gateway
 from shadowpod.gateway.errors import (
     CONTROL_BODY_BYTES,
     LIMITS,
+    STORE_HEALTH,
     Handler,
     Limits,
+    StoreHealth,
     body_limits,
     error_middleware,
 )
@@ -110,6 +112,7 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
         middlewares=[count_requests, error_middleware, body_limits],
     )
     app[GATEWAY] = gw
+    app[STORE_HEALTH] = StoreHealth()
     app[LIMITS] = Limits(
         max_body_bytes=config.max_body_bytes,
         max_snapshot_bytes=config.max_snapshot_bytes,

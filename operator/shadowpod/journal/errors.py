@@ -145,6 +145,19 @@ class StoreUnavailable(ShadowpodError):
     reason = "StoreUnavailable"
 
 
+class StoreFull(StoreUnavailable):
+    """The journal's disk (or database) is full: the write did not happen. Retrying
+    helps only once space is freed, so the gateway also reports itself not ready."""
+
+    reason = "StoreFull"
+
+    def __init__(self, detail: object) -> None:
+        super().__init__(
+            f"the journal's storage is full ({detail}): nothing was written; free space or "
+            "grow the volume, then retry"
+        )
+
+
 class InvalidOwnership(ShadowpodError, ValueError):
     """An ownership change that breaks the fence guarantee: an epoch never goes down,
     and a new owner always comes with a new, larger epoch."""

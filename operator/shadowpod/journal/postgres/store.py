@@ -37,7 +37,12 @@ from shadowpod.journal.arguments import (
     check_schema_version,
     check_seq,
 )
-from shadowpod.journal.errors import SnapshotNotFound, StoreUnavailable, StoreUnusable
+from shadowpod.journal.errors import (
+    SnapshotNotFound,
+    StoreFull,
+    StoreUnavailable,
+    StoreUnusable,
+)
 from shadowpod.journal.followers import Followers
 from shadowpod.journal.postgres import ops
 from shadowpod.journal.postgres.listener import NotificationListener
@@ -140,6 +145,8 @@ class PostgresJournalStore:
         try:
             async with self._pool.connection() as conn:
                 yield conn
+        except psycopg.errors.DiskFull as exc:  # SQLSTATE 53100
+            raise StoreFull(exc) from exc
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"the journal database is unavailable: {exc}") from exc
 

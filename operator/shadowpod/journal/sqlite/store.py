@@ -27,7 +27,7 @@ from shadowpod.journal.arguments import (
     check_schema_version,
     check_seq,
 )
-from shadowpod.journal.errors import SnapshotNotFound
+from shadowpod.journal.errors import SnapshotNotFound, StoreFull
 from shadowpod.journal.followers import Followers
 from shadowpod.journal.recent import RecentEntries
 from shadowpod.journal.sqlite import snapshot_sql, sql
@@ -170,7 +170,12 @@ class SQLiteJournalStore:
     async def _write(self, session: str, fn: Callable[[WriteTx], T]) -> T:
         if self._writer is None:
             raise RuntimeError(f"{self!r} is not open")
-        return await self._writer.submit(session, fn)
+        try:
+            return await self._writer.submit(session, fn)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode == sqlite3.SQLITE_FULL:
+                raise StoreFull(exc) from None
+            raise
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._readers is None:
