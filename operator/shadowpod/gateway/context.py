@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -37,6 +38,8 @@ class Gateway:
     # The owner channels open per session: a deleted session's are closed, so that a
     # session re-created under its name is never fed to (or written by) the old owner.
     owner_channels: dict[str, set[asyncio.Task[Any]]] = field(default_factory=dict)
+    # Event streams (SSE) open, per session: bounded per session and in all.
+    event_streams: Counter[str] = field(default_factory=Counter)
 
     def forget(self, session: str) -> None:
         """Drop what this gateway keeps of a deleted session, and end its channels."""

@@ -225,7 +225,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc.status, exc.reason, str(exc), exc.errors)
+        response = error_response(exc.status, exc.reason, str(exc), exc.errors)
+        if exc.status == 503:
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
     except StoreUnavailable as exc:
         if isinstance(exc, StoreFull):
             request.app[STORE_HEALTH].full()
