@@ -12,7 +12,13 @@ import orjson
 
 from shadowpod.api.models import CreateSession, OwnershipChange
 from shadowpod.client.gateway import GatewayClient
-from shadowpod.sessions.tokens import INSTANCE_HEADER, OWNER_CREDENTIAL_HEADER, token_hash
+from shadowpod.sessions.tokens import (
+    INSTANCE_HEADER,
+    OWNER_CREDENTIAL_HEADER,
+    new_owner_key,
+    owner_credential,
+    token_hash,
+)
 from tests.gateway.conftest import Session, call, reply
 
 
@@ -155,3 +161,28 @@ async def test_owner_credentials_hold_each_instance_to_the_epochs_it_was_named_a
     )
     assert (reported.status, reported.reason) == (409, "Fenced")
     assert reported.locs == ["instance"]
+
+
+async def test_a_caller_that_keeps_the_owner_key_derives_the_credentials_itself(
+    http: aiohttp.ClientSession, url: str, control: GatewayClient
+) -> None:
+    key = new_owner_key()
+    created = await control.create_session(CreateSession(session="k", owner_key=key))
+    assert created.agent_token is not None
+    await control.set_ownership("k", OwnershipChange(expect_epoch=0, epoch=1, owner="pod-a"))
+    assert await control.mint_owner_credential("k", "pod-a") == owner_credential(key, "k", "pod-a")
+    ack_at = f"{url}/v1/sessions/k/acks"
+    inbound = await call(http, "POST", f"{url}/v1/sessions/k/messages", json={"content": "hi"})
+    headers = {
+        INSTANCE_HEADER: "pod-a",
+        OWNER_CREDENTIAL_HEADER: owner_credential(key, "k", "pod-a"),
+    }
+    acked = await call(
+        http,
+        "POST",
+        ack_at,
+        token=created.agent_token,
+        headers=headers,
+        json={"epoch": 1, "turn": inbound.json["seq"]},
+    )
+    assert acked.status == 200, acked.text

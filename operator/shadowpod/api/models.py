@@ -194,6 +194,13 @@ class CreateSession(_Body):
         " operator writes it to a Secret first, so a crash between the two loses nothing);"
         " unset: the gateway makes the token and returns it once.",
     )
+    owner_key: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        description="The session's owner key (hex), made and kept by the caller, who"
+        " then derives each instance's owner credential itself (sessions.tokens."
+        "owner_credential) and needs no gateway to start one; implies owner_credentials.",
+    )
     owner_credentials: bool = Field(
         default=False,
         description="true: owner writes need the credential of the instance the"

@@ -28,7 +28,6 @@ import random
 import signal
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -47,14 +46,13 @@ from shadowpod.engine.ports import (
     InstanceSpec,
     InstanceStatus,
     RuntimeFailure,
-    RuntimeUnavailable,
 )
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 from shadowpod.local.exits import TERMINATION_LOG, exit_reason
 from shadowpod.local.images import ImageMap, LocalImage
 from shadowpod.local.orphans import INVENTORY_ENV, TAG_ENV, Reaped, drain_report, kill_tagged
+from shadowpod.sessions.tokens import owner_credential
 
-MintCredential = Callable[[str, str], Awaitable[str | None]]
 logger = logging.getLogger(__name__)
 AGENT_PORT: Final = 8080
 # How long a drain report on a dead owner's behalf is retried while the gateway is away.
@@ -115,10 +113,7 @@ class LocalRuntime:
         self.credentials_dir = credentials_dir or workdir / "credentials"
         self._env = env or {}
         self._tokens: dict[str, str] = {}
-        # Who mints an instance's owner credential (the deployment, with the control
-        # token): (session, instance) -> credential, None for a session without them.
-        self.mint_owner_credential: MintCredential | None = None
-        self._credentials: dict[str, str] = {}  # instance -> its owner credential
+        self._owner_keys: dict[str, str] = {}  # session -> its owner key
         self._instances: dict[str, LocalInstance] = {}
         # A random /16 inside 127.0.0.0/8 per runtime, so that several local
         # deployments on one machine (parallel test runs, a demo) do not collide.
@@ -138,26 +133,28 @@ class LocalRuntime:
         self._identities: dict[str, SessionIdentity] = {}
 
     def register_session(
-        self, session: str, agent_token: str, identity: SessionIdentity | None = None
+        self,
+        session: str,
+        agent_token: str,
+        identity: SessionIdentity | None = None,
+        owner_key: str | None = None,
     ) -> None:
         """The agent token instances of ``session`` present (given once at creation),
-        and the session's identity, given to every instance as files."""
+        the session's identity, given to every instance as files, and its owner key
+        (the session was created with it), from which each instance's owner credential
+        is derived here: starting an instance never needs the gateway up."""
         self._tokens[session] = agent_token
         if identity is not None:
             self._identities[session] = identity
+        if owner_key is not None:
+            self._owner_keys[session] = owner_key
 
-    async def owner_credential(self, session: str, instance: str) -> str | None:
-        """The instance's owner credential, minted once (``None``: none to present)."""
-        known = self._credentials.get(instance)
-        if known is not None or self.mint_owner_credential is None:
-            return known
-        try:
-            minted = await self.mint_owner_credential(session, instance)
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise RuntimeUnavailable(f"cannot mint {instance}'s owner credential: {exc}") from exc
-        if minted is not None:
-            self._credentials[instance] = minted
-        return minted
+    def owner_credential(self, session: str, instance: str) -> str | None:
+        """The instance's owner credential (``None``: the session has none)."""
+        owner_key = self._owner_keys.get(session)
+        if owner_key is None:
+            return None
+        return owner_credential(owner_key, session, instance)
 
     def instance(self, name: str) -> LocalInstance | None:
         return self._instances.get(name)
@@ -262,7 +259,7 @@ class LocalRuntime:
             instance=spec.name,
             gateway=self.gateway_url,
             token=self._tokens[spec.session],
-            owner_credential=await self.owner_credential(spec.session, spec.name),
+            owner_credential=self.owner_credential(spec.session, spec.name),
             agent_name=None if persona is None else persona.name,
             principles=None if persona is None else persona.principles,
         )
@@ -435,7 +432,7 @@ class LocalRuntime:
         process: one it sent itself before dying is not doubled)."""
         token = self._tokens.get(session)
         deadline = asyncio.get_running_loop().time() + REPORT_RETRY_S
-        credential = self._credentials.get(report.instance)
+        credential = self.owner_credential(session, report.instance)
         owner = None if credential is None else (report.instance, credential)
         async with GatewayClient(self.gateway_url, token, owner=owner) as client:
             while True:

@@ -56,7 +56,9 @@ async def create_session(request: web.Request) -> web.Response:
         token = new_token()
         digest = token_hash(token)
     meta = {**body.meta, AGENT_TOKEN_META: digest}
-    if body.owner_credentials:
+    if body.owner_key is not None:
+        meta[OWNER_KEY_META] = body.owner_key
+    elif body.owner_credentials:
         meta[OWNER_KEY_META] = new_owner_key()
     await gw.store.create_session(body.session, meta=meta)
     entries = [
