@@ -34,6 +34,8 @@ from shadowpod.local.gate_demo import GateAttempt, run_gate_demo
 from shadowpod.local.scenario import LiveScenario, ScenarioReport
 from shadowpod.local.subject import AgentUnderTest
 
+# --quick: enough load on each side of the move for every check to have something to judge.
+QUICK_S = 1.5
 PHASE_STYLE = {Phase.SUCCEEDED: "green", Phase.ROLLED_BACK: "yellow", Phase.FAILED: "red"}
 
 
@@ -233,6 +235,11 @@ def _ms(value: float | None) -> str:
     help="Seconds of load after migrating.",
 )
 @click.option(
+    "--quick",
+    is_flag=True,
+    help=f"A short run: {QUICK_S:g} s of load before and after the move (a smoke test).",
+)
+@click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Keep the gateway, agents and logs here.",
@@ -248,6 +255,7 @@ def demo(
     rate: float,
     before_s: float,
     after_s: float,
+    quick: bool,
     workdir: Path | None,
     as_json: bool,
     gate: bool,
@@ -263,6 +271,8 @@ def demo(
     Exits 0 when every invariant holds, 1 when one broke, 2 when the demo could not run.
     """
     agent = agent_under_test(**agent_options, heartbeat_s=1.0)
+    if quick:
+        before_s, after_s = QUICK_S, QUICK_S
     console = Console(stderr=as_json)
     keep = workdir is not None
     work = _fresh_workdir(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shadowpod-demo-"))
