@@ -209,10 +209,10 @@ def test_everything_on_adds_monitoring_policies_and_budget(everything_on: Render
         for rule in group["rules"]
     ]
     assert alerts == [
-        "ShadowpodMigrationSlow",
-        "ShadowpodMigrationsFailing",
-        "ShadowpodMigrationStuck",
         "ShadowpodFencePauseHigh",
+        "ShadowpodMigrationSlow",
+        "ShadowpodMigrationStuck",
+        "ShadowpodMigrationRollbackRateHigh",
         "ShadowpodUpgradeGateUnavailable",
         "ShadowpodSessionWithoutReadyOwner",
         "ShadowpodOperatorAbsent",
@@ -423,7 +423,10 @@ async def test_an_existing_control_token_secret_is_used_not_made(helm: Helm) -> 
         ({"nodeAgent": {"checkpointsDir": "var/lib"}}, "checkpointsDir"),
         ({"operator": {"watchNamespaces": ["Team_A"]}}, "watchNamespaces"),
         ({"operator": {"agentGatewayUrl": "gateway:8800"}}, "agentGatewayUrl"),
-        ({"metrics": {"prometheusRule": {"failureRatio": 2}}}, "failureRatio"),
+        ({"metrics": {"prometheusRule": {"rollbackRatio": 2}}}, "rollbackRatio"),
+        # A threshold on a histogram must be one of its bucket bounds.
+        ({"metrics": {"prometheusRule": {"fencePauseSeconds": 0.3}}}, "fencePauseSeconds"),
+        ({"metrics": {"prometheusRule": {"migrationSlowRatio": 0.6}}}, "migrationSlowRatio"),
         ({"metrics": {"prometheusRule": {"ownerlessFor": "five minutes"}}}, "ownerlessFor"),
         ({"gatway": {"replicas": 2}}, "gatway"),
         (
