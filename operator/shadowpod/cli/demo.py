@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shadowpod import eventloop
-from shadowpod.cli.errors import fail, interrupted
+from shadowpod.cli.errors import fail, interrupted, writable_workdir
 from shadowpod.cli.subject import agent_options, agent_under_test
 from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.local.checks import Check, replies_kept_up
@@ -416,4 +416,5 @@ def _fresh_workdir(workdir: Path) -> Path:
             "or empty directory, or remove this one",
             2,
         )
+    writable_workdir(workdir)
     return workdir

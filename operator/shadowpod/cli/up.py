@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from shadowpod import eventloop
-from shadowpod.cli.errors import fail
+from shadowpod.cli.errors import fail, writable_workdir
 from shadowpod.engine.ports import ImageNotFound
 from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.local.images import ImageMap, reference_images
@@ -137,6 +137,7 @@ def _fresh(workdir: Path) -> None:
             "or empty directory, or remove this one",
             2,
         )
+    writable_workdir(workdir)
 
 
 def _running(facts_file: Path) -> bool:
