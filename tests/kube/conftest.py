@@ -98,6 +98,9 @@ def local_images() -> ImageMap:
         }
     )
     images.update(extra.images)
+    # The names `make image` gives them, which examples/02-kubernetes uses.
+    images["shadowpod-refagent:v1"] = images["refagent:v1"]
+    images["shadowpod-refagent:v2"] = images["refagent:v2"]
     return ImageMap(images=images)
 
 
