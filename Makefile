@@ -12,7 +12,7 @@ MINILM_VERSION := 0.1.0
 
 # Two steps, each re-run only when pyproject.toml (or this file) changes; otherwise a
 # no-op. `make demo` needs only the first: Shadowpod and its runtime dependencies
-# (~170 MB, about a minute on a fresh machine), shown as pip installs them. `make test`
+# (~150 MB; the time is pip's: docs/known-limits.md), shown as pip installs them. `make test`
 # adds the test tools, LangGraph and the semantic judge (~0.8 GB in all).
 $(DEMO_STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
