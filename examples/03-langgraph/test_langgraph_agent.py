@@ -31,6 +31,7 @@ from shadowpod.domain.state import SessionState
 from shadowpod.engine.ports import InstanceSpec
 from shadowpod.engine.record import InstanceRef, MigrationPolicy, Phase
 from shadowpod.integrations.langgraph import ShadowpodSaver
+from shadowpod.integrations.langgraph.saver import DEFAULT_KEEP
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.images import ImageMap
 
@@ -214,7 +215,8 @@ async def test_the_graph_moves_under_load_with_its_history_tools_and_interrupt(
     asked = [s for s in snapshots if s.interrupts]
     assert [s.interrupts[0].value for s in asked] == ["send 'launch'? answer yes or no"]
     assert asked[0].next == ("approval",)
-    assert len(snapshots) > len(user_turns)
+    # More checkpoints than turns, up to what retention keeps (the newest DEFAULT_KEEP).
+    assert len(snapshots) > min(len(user_turns), DEFAULT_KEEP)
 
 
 async def test_the_new_owner_does_not_decode_the_conversation_its_shadow_warmed(

@@ -19,6 +19,7 @@ from pydantic import JsonValue
 
 from shadowpod.agent.appends import fitting_id
 from shadowpod.agent.tools import ToolSpec
+from shadowpod.agent.values import state_path
 from shadowpod.domain.deltas import Owned, apply_ops, diff
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import (
@@ -154,6 +155,7 @@ class Turn(OwnerContext):
         append: Append,
         processes: ProcessRegistry,
         replaces_values: bool = False,
+        version: str = "",
     ) -> None:
         super().__init__(
             state=state,
@@ -164,6 +166,7 @@ class Turn(OwnerContext):
             turn=inbound.seq,
         )
         self.inbound = inbound
+        self.version = version  # the agent's (``Agent(version=...)``): replies say it
         self._tools = tools
         self._state_schema = state_schema
         # The agent's own state, to change. Its containers are shared with the session's
@@ -340,19 +343,25 @@ class Turn(OwnerContext):
         )
         await self._append([*self.take_outputs(), entry])
 
+    def shared(self, key: str) -> Any:
+        """The value at ``key`` as the session's state holds it, not copied — for code
+        that changes it only with ``append`` / ``set`` / ``delete`` (a framework's
+        checkpointer): it must never change it in place."""
+        return dict.get(self.values, key)
+
     def append(self, path: str | Sequence[StateKey], *items: object) -> None:
         """Add ``items`` at the end of the list at ``path`` (a key of ``values``, or a
         path into them), made if missing. Journaled as an append of the items alone."""
-        self._change(StateOp(op=StateOpKind.APPEND, path=_path(path), items=list(items)))
+        self._change(StateOp(op=StateOpKind.APPEND, path=state_path(path), items=list(items)))
 
     def set(self, path: str | Sequence[StateKey], value: object) -> None:
         """Set ``value`` at ``path`` (keys of objects, indexes of lists). Values are
         checked to be JSON here, so what a serializer returns needs no cast."""
-        self._change(StateOp(op=StateOpKind.SET, path=_path(path), value=value))
+        self._change(StateOp(op=StateOpKind.SET, path=state_path(path), value=value))
 
     def delete(self, path: str | Sequence[StateKey]) -> None:
         """Remove the key (or list item) at ``path``; nothing if it is not there."""
-        self._change(StateOp(op=StateOpKind.DELETE, path=_path(path)))
+        self._change(StateOp(op=StateOpKind.DELETE, path=state_path(path)))
 
     def _change(self, op: StateOp) -> None:
         # Copy-on-write, as the reducer: the containers on the path are copied once per
@@ -426,7 +435,3 @@ class Turn(OwnerContext):
             else StatePayload(ops=ops, schema_version=schema, turn=self.seq)
         )
         return NewEntry.of(payload, id=entry_id)
-
-
-def _path(path: str | Sequence[StateKey]) -> list[StateKey]:
-    return [path] if isinstance(path, str) else list(path)
