@@ -19,7 +19,7 @@ from pydantic import JsonValue
 
 from shadowpod.agent.appends import fitting_id
 from shadowpod.agent.tools import ToolSpec
-from shadowpod.agent.values import state_path
+from shadowpod.agent.values import changed_in_place, contents, state_path
 from shadowpod.domain.deltas import Owned, apply_ops, diff
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import (
@@ -185,6 +185,10 @@ class Turn(OwnerContext):
         # Values migrated to this agent's schema for the turn must replace the stored
         # ones whole: a partial update would mix two schemas.
         self._values_before: dict[str, JsonValue] | None = None if replaces_values else dict(values)
+        # What each value held as the turn began, by content: one changed in place
+        # (``values["memo"]["n"] += 1``) is then journaled whole, not lost (the owner
+        # would hold it, the journal not).
+        self._contents_before = {} if replaces_values else contents(values)
         self._memory: dict[str, object] = {}
         self._facts: dict[str, object] = {}
         self._tool_calls = 0
@@ -394,6 +398,7 @@ class Turn(OwnerContext):
         self._state_saves += 1
         self._outputs.append(entry)
         self._values_before = dict(self.values)
+        self._contents_before = contents(self.values)
         self._owned = {}  # the containers of ``values`` are now shared with what was saved
         self._ops, self._op_roots = [], {}
 
@@ -419,11 +424,21 @@ class Turn(OwnerContext):
         # assigned since, too) by comparing what it held before and holds now.
         by_ops = {k for k, root in self._op_roots.items() if self.values.get(k, _DELETED) is root}
         explicit = [op for op in self._ops if op.path[0] in by_ops]
+        # A value changed in place is set whole: its old content is gone, and ops made
+        # against it would be applied twice to the owner's own (already changed) state.
+        in_place = changed_in_place(before, self._contents_before) - by_ops
+        whole = [
+            StateOp(op=StateOpKind.SET, path=[k], value=self.values[k])
+            if k in self.values
+            else StateOp(op=StateOpKind.DELETE, path=[k])
+            for k in sorted(in_place)
+        ]
+        skip = by_ops | in_place
         rest = diff(
-            {k: v for k, v in before.items() if k not in by_ops},
-            {k: v for k, v in self.values.items() if k not in by_ops},
+            {k: v for k, v in before.items() if k not in skip},
+            {k: v for k, v in self.values.items() if k not in skip},
         )
-        ops = None if rest is None else [*explicit, *rest]
+        ops = None if rest is None else [*explicit, *whole, *rest]
         if ops == []:
             return None
         if ops is not None and len(ops) > MAX_STATE_OPS:

@@ -15,7 +15,9 @@ what it holds afterwards is what the journal would fold to.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
+
+import orjson
 
 from shadowpod.domain.deltas import Owned, apply_ops
 from shadowpod.domain.payloads import StateKey, StateOp, StateOpKind
@@ -59,6 +61,48 @@ class DetachedState:
         error = apply_ops(self.values, [op], self._owned)
         if error is not None:
             raise ValueError(f"cannot {op.op.value} {error.partition(': ')[2]}")
+
+
+# Keys of the values that a framework's integration changes only with ``append`` / ``set``
+# / ``delete`` and whose in-place changes it journals itself (the LangGraph saver's
+# ``settle``): a turn does not compare them by content (``written_by_ops``).
+_WRITTEN_BY_OPS: Final[set[str]] = set()
+
+
+def written_by_ops(key: str) -> None:
+    """Declare ``key`` of the values as written by ops alone, its in-place changes
+    journaled by its writer: a turn then does not serialize it to compare it."""
+    _WRITTEN_BY_OPS.add(key)
+
+
+def contents(values: Mapping[str, Any]) -> dict[str, bytes]:
+    """What each key of ``values`` holds, as JSON bytes, to tell later whether its value
+    was changed in place (``changed_in_place``); keys written by ops alone and values
+    that are not JSON are left out."""
+    found: dict[str, bytes] = {}
+    for key, value in values.items():
+        if key in _WRITTEN_BY_OPS:
+            continue
+        try:
+            found[key] = orjson.dumps(value)
+        except TypeError:
+            continue
+    return found
+
+
+def changed_in_place(before: Mapping[str, Any], held: Mapping[str, bytes]) -> set[str]:
+    """The keys whose value in ``before`` (the very objects) no longer holds what it
+    did when ``held`` was taken: changed in place."""
+    changed = set()
+    for key, was in held.items():
+        if key in before:
+            try:
+                now = orjson.dumps(before[key])
+            except TypeError:
+                now = b""
+            if now != was:
+                changed.add(key)
+    return changed
 
 
 def state_path(path: str | Sequence[StateKey]) -> list[StateKey]:

@@ -80,6 +80,7 @@ from langgraph.types import Send
 from pydantic import JsonValue
 
 from shadowpod.agent import DetachedState, StateWriter, Turn
+from shadowpod.agent.values import written_by_ops
 from shadowpod.integrations.langgraph.codec import LOG_REF, REFS, ValueCodec
 from shadowpod.integrations.langgraph.retention import (
     Pruning,
@@ -93,6 +94,7 @@ from shadowpod.integrations.langgraph.warmup import prime
 logger = logging.getLogger(__name__)
 
 ROOT: Final = "langgraph"  # the key of ``turn.values`` the checkpoints live under
+written_by_ops(ROOT)  # its in-place changes journaled by ``settle``, not by the turn
 StatePath = list[str | int]
 JsonList = list[Any]
 CHUNK: Final = 256
