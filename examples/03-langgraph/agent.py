@@ -27,7 +27,10 @@ asks it. What it does with a message:
 - ``custom`` (the default) — the ``StateGraph`` above, its tools in ``tool_node``;
 - ``toolnode`` — the same graph with LangGraph's plain ``ToolNode``;
 - ``react`` — LangGraph's prebuilt ``create_react_agent`` (no approval step);
-- ``create_agent`` — LangChain 1.x's ``create_agent`` with ``ToolJournalMiddleware``.
+- ``create_agent`` — LangChain 1.x's ``create_agent`` with ``ToolJournalMiddleware``;
+- ``delta`` — the ``toolnode`` graph with its messages in LangGraph 1.2's
+  ``DeltaChannel`` (beta: checkpoints store writes, not the list), for
+  ``shadowpod bench langgraph`` to run on LangGraph's own ``SqliteSaver``.
 
 Every tool call is journaled whichever it is (``graph_handler`` journals a plain
 ``ToolNode`` too): a new owner never repeats ``send_email``.
@@ -47,15 +50,23 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    ToolMessage,
+)
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
 from pydantic import JsonValue
@@ -68,7 +79,21 @@ from shadowpod.integrations.langgraph import (
     tool_node,
 )
 
-GRAPHS = ("custom", "toolnode", "react", "create_agent")
+GRAPHS = ("custom", "toolnode", "react", "create_agent", "delta")
+
+
+def _add_batch(messages: Any, batches: Sequence[Any]) -> Any:
+    """``add_messages`` over a batch of writes (``DeltaChannel``'s reducer)."""
+    for batch in batches:
+        messages = add_messages(messages, batch)
+    return messages
+
+
+# Spelled as a call: its annotation is evaluated here, not looked up later by name (the
+# example is loaded by path, not as a module LangGraph could find).
+DeltaMessagesState = TypedDict(  # noqa: UP013
+    "DeltaMessagesState", {"messages": Annotated[list[AnyMessage], DeltaChannel(_add_batch)]}
+)
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -199,19 +224,21 @@ def build_graph(checkpointer: BaseCheckpointSaver[Any], kind: str = "custom") ->
         else ToolNode(TOOLS)
     )
 
-    async def call_model(state: MessagesState) -> dict[str, Any]:
+    async def call_model(state: Any) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
 
-    def approval(state: MessagesState) -> dict[str, Any]:
+    def approval(state: Any) -> dict[str, Any]:
         text = state["messages"][-1].text.partition(" ")[2]
         answer = interrupt(f"send {text!r}? answer yes or no")
         verdict = "approved" if str(answer).strip().lower() == "yes" else "cancelled"
         return {"messages": [AIMessage(content=f"{verdict}: {text}")]}
 
-    def route(state: MessagesState) -> str:
+    def route(state: Any) -> str:
         return "approval" if state["messages"][-1].text.startswith("approve ") else "model"
 
-    builder = StateGraph(MessagesState)
+    builder: StateGraph[Any, Any, Any, Any] = StateGraph(
+        DeltaMessagesState if kind == "delta" else MessagesState
+    )
     builder.add_node("model", call_model)
     builder.add_node("tools", tools)
     builder.add_node("approval", approval)
