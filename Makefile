@@ -55,6 +55,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy operator/shadowpod
 	$(BIN)/mypy examples/01-reference-agent
 	$(BIN)/mypy examples/03-langgraph
+	$(BIN)/mypy examples/04-openai-agents
 
 # The operator's tests (tests/kube) run in a pytest process of their own, beside the
 # rest (hack/test says why both).
