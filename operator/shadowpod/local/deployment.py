@@ -107,11 +107,13 @@ class LocalDeployment:
         credentials: Sequence[str] = (),
         schedules: Sequence[ScheduleSpec] = (),
         identity: SessionIdentity | None = None,
+        owner_key: str | None = None,
     ) -> str:
         """Create ``session`` and start its first owner (epoch 1). Returns the agent
         token. ``identity``: who the agent is (its name and principles), as files.
-        Owners write with credentials: the key is made here and kept by the runtime."""
-        owner_key = new_owner_key()
+        Owners write with credentials derived from ``owner_key`` (made here if not
+        given; a caller that restarts the session later keeps it), kept by the runtime."""
+        owner_key = owner_key or new_owner_key()
         created, _ = await start_session(
             self.admin,
             CreateSession(

@@ -40,6 +40,7 @@ from shadowpod.engine.ports import ImageNotFound, InstanceSpec
 from shadowpod.engine.record import InstanceRef, MigrationRecord, Phase
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.images import ImageMap
+from shadowpod.sessions.tokens import new_owner_key
 
 DEPLOYMENT_FILE: Final = "up.json"
 SAVED_FILE: Final = "deployment.json"
@@ -125,15 +126,16 @@ class StandingDeployment:
         self.images.resolve(image)  # an unknown image is refused before anything starts
         await self.deployment.__aenter__()
         owner = InstanceRef(name=self.deployment.next_name(session), image=image)
+        # Kept beside the agent token: a resumed deployment's new owners need
+        # credentials derived from the key the session was created with.
+        owner_key = new_owner_key()
+        _write_secret(self._owner_key_file(session), owner_key)
         token = await self.deployment.create_session(
-            session, image=owner.image, instance=owner.name
+            session, image=owner.image, instance=owner.name, owner_key=owner_key
         )
         standing = StandingSession(session, owner, token)
         self.sessions[session] = standing
-        token_file = self._token_file(session)
-        token_file.parent.mkdir(parents=True, exist_ok=True)
-        token_file.write_text(token + "\n")
-        token_file.chmod(0o600)
+        _write_secret(self._token_file(session), token)
         await self._serve()
         self._write_deployment_file()
         return standing
@@ -155,7 +157,9 @@ class StandingDeployment:
             await self.deployment.control.set_owner(
                 name, expect_epoch=ownership.epoch, epoch=ownership.epoch + 1, owner=owner.name
             )
-            self.deployment.runtime.register_session(name, token)
+            key_file = self._owner_key_file(name)
+            owner_key = key_file.read_text().strip() if key_file.is_file() else None
+            self.deployment.runtime.register_session(name, token, owner_key=owner_key)
             await self.deployment.runtime.start(
                 InstanceSpec(
                     name=owner.name,
@@ -175,6 +179,9 @@ class StandingDeployment:
 
     def _token_file(self, session: str) -> Path:
         return self.workdir / "sessions" / session / "agent-token"
+
+    def _owner_key_file(self, session: str) -> Path:
+        return self.workdir / "sessions" / session / "owner-key"
 
     async def close(self) -> None:
         deployment_file(self.workdir).unlink(missing_ok=True)
@@ -330,6 +337,14 @@ class StandingDeployment:
                 "sessions": {s.name: s.owner.image for s in self.sessions.values()},
             },
         )
+
+
+def _write_secret(path: Path, value: str) -> None:
+    """``value`` in a file only its user reads (made so before anything is written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(value + "\n")
 
 
 def _write(path: Path, content: Any) -> None:
