@@ -16,7 +16,14 @@ from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.kube.records import MigrationRecords
 from tests.kube.kubelet import Kubelet
 from tests.kube.nodes import cordon, drain
-from tests.kube.operator_world import Load, World, bump, invariants, session_manifest
+from tests.kube.operator_world import (
+    Load,
+    World,
+    bump,
+    invariants,
+    reply_counts,
+    session_manifest,
+)
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(300)
@@ -115,6 +122,12 @@ async def test_an_image_that_cannot_read_the_state_fails_as_incompatible(world: 
     # v2 writes state schema 2; v1 reads only 1: moving back is refused by v1 itself.
     await world.apply(session_manifest("m4", image="refagent:v2"))
     await world.wait_running("m4", epoch=1)
+    # A turn answered first, so that v2's state holds values in its schema: an empty
+    # state is any schema's, and v1 would rightly take it over.
+    async with world.client() as client:
+        session = world.gateway_session("m4")
+        await client.post_message(session, "my name is Ada", id="m4-name")
+        await eventually(lambda: reply_counts(client, session), timeout=30)
     migration_name = await bump(world, "m4", "refagent:v1")
     migration = await world.wait_finished(migration_name)
     status = migration["status"]
