@@ -29,6 +29,9 @@ MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 AGENT_APP: Final = "shadowpod-agent"
 MANAGED_BY: Final = "shadowpod-operator"
 
+# On a hand-made AgentMigration: the generation of its session's spec when it started.
+# A move to another image it makes is kept until spec.image changes (a later one).
+SESSION_GENERATION_ANNOTATION: Final = f"{PREFIX}/session-generation"
 # The gateway's id of the session, on every pod: the agent reads it as a file (downward API).
 GATEWAY_SESSION_ANNOTATION: Final = f"{PREFIX}/gateway-session"
 
