@@ -443,6 +443,9 @@ class MigrationEngine:
             )
         if (loss := await self.steps.source_loss(record)) is not None:
             return await self._take_over(record, loss)
+        # Never hand the epoch to a shadow that is gone: the source would stop serving
+        # for a new owner to be started from the snapshot; a rollback costs nothing.
+        await self.steps.alive(spec.target.name, "shadow")
         attempts = record.fence_attempts + 1
         try:
             outcome = await self.control.fence(
@@ -552,4 +555,10 @@ class MigrationEngine:
                 pause = measurement.ms
             except StepFailed:
                 pass  # the held-back message was not served yet: nothing to report
-        return self.steps.enter(record, Phase.SUCCEEDED, fence_pause_ms=pause, notes=notes)
+        # Seen serving once more: a new owner that crashed while the source drained is
+        # restarted here, not left for nobody to find.
+        assert record.fence is not None
+        record = await self.steps.serving(
+            record.model_copy(update={"notes": notes}), record.fence.epoch
+        )
+        return self.steps.enter(record, Phase.SUCCEEDED, fence_pause_ms=pause)
