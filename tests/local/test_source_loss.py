@@ -18,6 +18,8 @@ for a loaded machine; before the fix such messages were never answered.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Final
@@ -143,8 +145,8 @@ async def test_a_source_killed_at_a_phase_boundary_is_taken_over_by_the_target(
 async def test_a_source_killed_while_the_fence_waits_for_its_turn_is_taken_over(
     scenario: LiveScenario,
 ) -> None:
-    """The source is in a long turn when the fence closes; it is killed while the
-    gateway waits for that turn's ack (the fence persisted as ``Fenced``). After one
+    """The source is in a turn when the fence closes (frozen in it); it is killed
+    while the gateway waits for that turn's ack (the fence persisted as ``Fenced``). After one
     fence timeout the engine finds it dead, and bumps the epoch to the shadow instead
     of fencing again; the shadow answers the turn the source died in, once."""
     dep, client = scenario.deployment, scenario.client
@@ -159,6 +161,11 @@ async def test_a_source_killed_while_the_fence_waits_for_its_turn_is_taken_over(
             return (await dep.admin.status(SESSION)).delivered_through >= accepted.seq
 
         await _until(released)
+        # Frozen mid-turn (SIGSTOP): alive, so the engine fences it as a slow source —
+        # and the turn cannot end before the fence closes, however loaded the machine.
+        source = dep.runtime.instance(record.spec.source.name)
+        assert source is not None
+        os.killpg(source.process.pid, signal.SIGSTOP)
 
     async def fenced() -> bool:
         return (await dep.admin.ownership(SESSION)).fence is FenceState.FENCED
