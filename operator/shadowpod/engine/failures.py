@@ -37,6 +37,16 @@ class InstanceFailed(StepFailed):
     reason = "InstanceFailed"
 
 
+class InstanceCannotStart(InstanceFailed):
+    """The runtime knows why an instance will never run (an image it cannot pull, a
+    node that does not exist): failed at once with the runtime's reason, not after a
+    phase timeout."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class SourceLost(StepFailed):
     """The source died before the epoch bump (a crash, a kill, a deleted pod): nobody
     serves the session until a new owner takes it. The engine finishes forward (see

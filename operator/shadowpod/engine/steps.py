@@ -13,6 +13,7 @@ from typing import Any, Final, TypeVar
 from shadowpod.domain.errors import SchemaTooNew, ShadowpodError
 from shadowpod.engine.failures import (
     IncompatibleStateSchema,
+    InstanceCannotStart,
     InstanceFailed,
     MaxDurationExceeded,
     PhaseTimedOut,
@@ -173,9 +174,10 @@ class Steps:
             status = await self.runtime.status(instance.name)
             if status.mode in ("failed", "stopped"):
                 how = status.error or f"it {status.mode}"
-                raise InstanceFailed(
-                    f"the new owner {instance.name!r} did not take over epoch {epoch}: {how}"
-                )
+                said = f"the new owner {instance.name!r} did not take over epoch {epoch}: {how}"
+                if status.reason is not None:
+                    raise InstanceCannotStart(said, status.reason)
+                raise InstanceFailed(said)
             if status.alive and status.serving and status.epoch == epoch:
                 return record
             if not status.alive:
@@ -217,5 +219,7 @@ class Steps:
             # how preflight's check is made.
             if status.error is not None and SchemaTooNew.reason in status.error:
                 raise IncompatibleStateSchema(message)
+            if status.reason is not None:
+                raise InstanceCannotStart(message, status.reason)
             raise InstanceFailed(message)
         return status

@@ -226,10 +226,17 @@ class PodWorker:
                     container, argv, env, directory / "log", termination_log
                 )
         except NotReadyToStart as problem:
+            waiting = (problem.reason, problem.message)
+            pulled_before = any(
+                run.waiting is not None and run.waiting[0] in ("ErrImagePull", "ImagePullBackOff")
+                for run in self.containers.values()
+            )
+            if problem.reason == "ErrImagePull" and pulled_before:
+                # As a kubelet does: a pull failed once, the next tries are backed off.
+                images = ", ".join(c["image"] for c in self.pod["spec"]["containers"])
+                waiting = ("ImagePullBackOff", f'Back-off pulling image "{images}"')
             self.containers = {
-                c["name"]: ContainerRun(
-                    c, [], {}, Path(), Path(), waiting=(problem.reason, problem.message)
-                )
+                c["name"]: ContainerRun(c, [], {}, Path(), Path(), waiting=waiting)
                 for c in self.pod["spec"]["containers"]
             }
             return False
