@@ -13,8 +13,9 @@ import pytest
 
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.ownership import FenceState
-from shadowpod.engine.record import Phase
+from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.kube import names
+from shadowpod.kube.records import MigrationRecords
 from tests.kube.kubelet import Kubelet
 from tests.kube.kubelet.pods import PodWorker
 from tests.kube.operator_world import Load, World, bump, invariants, session_manifest
@@ -151,3 +152,55 @@ async def test_a_source_pod_killed_while_the_fence_waits_for_its_turn_is_taken_o
     assert record.source_lost is not None and record.source_lost.phase is Phase.FENCING
     assert record.fence_attempts == 1, record.notes  # one timeout, then the takeover
     assert len(replies) == 1 and replies[0].version == "2", replies  # answered once, by v2
+
+
+BEFORE_THE_BUMP: Final = ["Preflight", "Snapshotting", "Restoring", "CatchingUp", "Fencing"]
+
+
+@pytest.mark.parametrize("phase", BEFORE_THE_BUMP)
+async def test_a_source_pod_killed_mid_turn_at_any_phase_before_the_bump_is_taken_over(
+    world: World, kubelet: Kubelet, phase: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after the operator saved ``phase`` (the engine held there), a long turn is
+    given to the source and its agent is killed (exit 137) in it: the migration
+    finishes forward to v2, nothing lost, the turn answered once, by v2."""
+    await world.apply(session_manifest("sl3"))
+    body = await world.wait_running("sl3", epoch=1)
+    source = body["status"]["ownerPod"]
+    gid = world.gateway_session("sl3")
+    save = MigrationRecords.save
+    long_turns: list[int] = []
+
+    async def kills_source_after(self: MigrationRecords, record: MigrationRecord) -> None:
+        await save(self, record)  # in the operator's thread, its engine held here
+        if record.phase != phase or long_turns:
+            return
+        async with GatewayClient(world.gateway.url, world.gateway.control_token) as client:
+            accepted = await client.post_message(gid, "sleep 1", id="long-turn")
+            long_turns.append(accepted.seq)
+
+            async def released() -> bool:
+                return (await client.status(gid)).delivered_through >= accepted.seq
+
+            await eventually(released, timeout=30, every=0.01)
+        _worker(kubelet, world, source).crash(names.AGENT_CONTAINER)
+
+    async with Load(world, "sl3", rate=10) as load:
+        await eventually(lambda: load.load.replies, timeout=30)
+        monkeypatch.setattr(MigrationRecords, "save", kills_source_after)
+        migration_name = await bump(world, "sl3", "refagent:v2")
+        migration = await world.wait_finished(migration_name)
+        monkeypatch.setattr(MigrationRecords, "save", save)
+        body = await world.wait_settled("sl3", epoch=2)
+        assert await load.stop()
+        broken = invariants(load, [migration])
+        _answered_within_bound(load)
+        [seq] = long_turns
+        replies = list(load.load.replies.get(seq, []))
+    assert broken == {}
+    status = migration["status"]
+    assert status["result"] == "Succeeded", status.get("message")
+    record = World.record(migration)
+    assert record.source_lost is not None and "code 137" in record.source_lost.how
+    assert body["status"]["ownerPod"] == status["target"]["pod"]
+    assert len(replies) == 1 and replies[0].version == "2", replies
