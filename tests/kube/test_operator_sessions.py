@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -257,3 +258,23 @@ async def test_sessions_that_cannot_start_are_backed_off_and_a_valid_one_is_not_
     # Corrected (a spec change): tried at once, whatever the wait was.
     await world.raw.patch(world.path("agentsessions", "bad0"), {"spec": {"image": "refagent:v1"}})
     await world.wait_running("bad0", epoch=1, timeout=30)
+
+
+async def test_the_operators_events_carry_what_a_real_api_server_requires(world: World) -> None:
+    """An Event with an eventTime must name its reportingComponent, reportingInstance and
+    action, or a real API server refuses it (422; the emulator stored it): every event
+    of the operator was lost on a real cluster."""
+    manifest = session_manifest("bad-image")
+    manifest["spec"]["image"] = "Registry/RefAgent:v1"
+    await world.apply(manifest)
+
+    async def posted() -> list[dict[str, Any]]:
+        listed = await world.raw.list(world.path("events"))
+        return [e for e in listed if e["involvedObject"]["name"] == "bad-image"]
+
+    events = await eventually(posted, timeout=30)
+    for event in events:
+        assert event.get("eventTime"), event
+        assert event.get("reportingComponent") and event.get("reportingInstance"), event
+        assert event.get("action"), event
+        assert len(event["reportingInstance"]) <= 128 and len(event["action"]) <= 128
