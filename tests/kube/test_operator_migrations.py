@@ -87,6 +87,68 @@ async def test_a_migration_created_by_hand_moves_the_session_to_the_named_node(
     assert body["status"]["image"] == "refagent:v1"  # same image, another node
 
 
+async def test_a_move_by_hand_to_another_image_is_kept_until_spec_image_changes(
+    world: World,
+) -> None:
+    """A user's AgentMigration to another image is honoured: the session stays on it
+    (before, the operator moved it straight back to ``spec.image`` — to an image that
+    cannot read what v2 wrote); a later change of ``spec.image`` moves it again."""
+    await world.apply(session_manifest("m9"))
+    await world.wait_running("m9", epoch=1)
+    await world.apply(manual_migration("hand-m9", "m9", image="refagent:v2"))
+    migration = await world.wait_finished("hand-m9")
+    assert migration["status"]["result"] == "Succeeded", migration["status"].get("message")
+    body = await world.wait_settled("m9", epoch=2)
+    assert body["status"]["image"] == "refagent:v2"
+    await asyncio.sleep(5.0)  # ten reconcile intervals
+    made = await world.raw.list(world.path("agentmigrations"), labels={names.SESSION_LABEL: "m9"})
+    assert [m["metadata"]["name"] for m in made] == ["hand-m9"]
+    body = await world.session("m9")
+    assert (body["status"]["epoch"], body["status"]["image"]) == (2, "refagent:v2")
+
+    migration_name = await bump(world, "m9", "refagent:v2-reworded")
+    migration = await world.wait_finished(migration_name)
+    assert migration["status"]["result"] == "Succeeded", migration["status"].get("message")
+    body = await world.wait_settled("m9", epoch=3)
+    assert body["status"]["image"] == "refagent:v2-reworded"
+
+
+@pytest.mark.parametrize(
+    ("target", "reason", "says"),
+    [
+        ({"image": "refagent:no-such-tag"}, "ImagePullFailed", "cannot be pulled"),
+        ({"nodeName": "no-such-node"}, "NodeNotFound", "does not exist"),
+    ],
+    ids=["image", "node"],
+)
+async def test_a_target_that_can_never_run_fails_at_once_saying_why(
+    world: World, target: dict[str, str], reason: str, says: str
+) -> None:
+    """An image no registry has, or a node that does not exist: the migration fails
+    with that reason (the condition, a Warning event on it and its session) and rolls
+    back, well before its phase would time out (60 s) — not as "the shadow reporting
+    ready did not happen"."""
+    await world.apply(
+        session_manifest("m10", migration={"phaseTimeoutSeconds": 60, "maxDurationSeconds": 120})
+    )
+    body = await world.wait_running("m10", epoch=1)
+    source = body["status"]["ownerPod"]
+    started = asyncio.get_running_loop().time()
+    await world.apply(manual_migration("never-m10", "m10", **target))
+    migration = await world.wait_finished("never-m10")
+    assert asyncio.get_running_loop().time() - started < 45
+    status = migration["status"]
+    assert status["result"] == "RolledBack", status
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", reason), failed
+    assert says in failed["message"] and says in status["message"]
+    warnings = [(r, m) for t, r, m in await world.events("never-m10") if t == "Warning"]
+    assert any(r == reason and says in m for r, m in warnings), warnings
+    body = await world.wait_running("m10", epoch=1)
+    assert body["status"]["ownerPod"] == source
+    await eventually(lambda: _only(world, "m10", source), timeout=30)  # no shadow left
+
+
 async def test_a_target_image_that_fails_rolls_back_and_the_session_keeps_serving(
     world: World,
 ) -> None:

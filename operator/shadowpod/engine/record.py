@@ -159,6 +159,17 @@ class FenceInfo(BaseModel):
     attempts: int
 
 
+class SourceLoss(BaseModel):
+    """The source seen dead before the epoch bump: the decision to finish forward,
+    recorded before anything acts on it, so that a resumed engine keeps it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    phase: Phase = Field(description="The phase in which the engine saw it.")
+    seen: float = Field(description="When (the engine's clock).")
+    how: str = Field(description="What its runtime said of its end.")
+
+
 class MigrationRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -188,6 +199,16 @@ class MigrationRecord(BaseModel):
     golden_validations: list[ValidationSummary] = Field(default_factory=list)
     persona_checks: list[PersonaCheck] = Field(default_factory=list)
     recoveries: int = 0
+    source_lost: SourceLoss | None = Field(
+        default=None,
+        description="The source died before the epoch bump: the shadow takes over, or the"
+        " rollback starts a new owner of the source's image (``replacement``).",
+    )
+    replacement: InstanceRef | None = Field(
+        default=None,
+        description="The new owner, of the source's image, that a rollback started in"
+        " place of a dead source: chosen (and saved) before it is started.",
+    )
     failed_phase: Phase | None = None
     reason: str | None = Field(
         default=None, description="Why it failed or rolled back: one CamelCase word."

@@ -23,6 +23,7 @@ from shadowpod.client.control import GatewayControl
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.kube.api import KubeApi, namespaced
+from shadowpod.kube.backoff import FailureBackoff
 from shadowpod.kube.config import OperatorConfig
 from shadowpod.kube.metrics import OperatorMetrics
 
@@ -47,6 +48,11 @@ class OperatorContext:
     # The problem last said (as a Warning event) of each session, "namespace/name".
     problems_said: dict[str, str] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # When each object whose reconcile failed may be tried again.
+    backoff: FailureBackoff = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.backoff = FailureBackoff(first_s=self.config.reconcile_interval_s)
 
     def lock(self, key: str) -> asyncio.Lock:
         """One holder at a time for ``key`` (a session, a migration) in this operator."""

@@ -10,7 +10,7 @@ model → call → status (the reconciling is in ``sessions``, ``migrations``, `
 
 Errors never crash-loop: a reconcile that fails sets ``Degraded`` with the reason,
 posts a Warning event, counts in ``shadowpod_reconcile_errors_total``, and is tried
-again on the next pass.
+again after a wait that doubles with each failure of that object (``backoff``).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def registry(
         raw: dict[str, Any] = dict(body)
         meta = raw["metadata"]
         key = (meta["namespace"], meta["name"])
-        if meta.get("deletionTimestamp"):
+        if meta.get("deletionTimestamp") or not _due(ctx(), "AgentSession", raw):
             return
         async with lock(*key):
             try:
@@ -148,6 +148,7 @@ def registry(
             except (ShadowpodError, ValidationError) as exc:
                 await _failed(ctx(), raw, "AgentSession", exc, patch)
                 return
+            _settle(ctx(), raw, seen)
             patch.status.update(sessions.status_patch(raw, seen))
             ctx().count_session(key, seen.phase, ready=seen.ready)
 
@@ -168,6 +169,7 @@ def registry(
         meta = raw["metadata"]
         async with lock(meta["namespace"], meta["name"]):
             await cleanup.delete_session(ctx(), raw, attempt=retry)
+        ctx().backoff.succeeded(_backoff_key("AgentSession", raw))
         ctx().count_session((meta["namespace"], meta["name"]), None, ready=True)
 
     @kopf.daemon(
@@ -182,9 +184,10 @@ def registry(
             try:
                 await migrations.run(ctx(), raw, stopped)
             except (ShadowpodError, ValidationError) as exc:
-                await _failed(ctx(), raw, "AgentMigration", exc, None)
-                await stopped.wait(5.0)
+                delay = await _failed(ctx(), raw, "AgentMigration", exc, None)
+                await stopped.wait(delay)
                 continue
+            ctx().backoff.succeeded(_backoff_key("AgentMigration", raw))
             # Its session is looked at now: an image change queued behind this
             # migration starts at once, not at the session's next timer.
             meta = raw["metadata"]
@@ -233,12 +236,15 @@ def registry(
         if meta.get("deletionTimestamp"):
             return
         key = (meta["namespace"], meta["name"])
+        if not _due(ctx(), "AgentSession", body):
+            return
         async with lock(*key):
             try:
                 seen = await sessions.reconcile(ctx(), body)
             except (ShadowpodError, ValidationError) as exc:
                 await _failed(ctx(), body, "AgentSession", exc, None)
                 return
+            _settle(ctx(), body, seen)
             path = namespaced("agentsessions", key[0], key[1])
             await ctx().api.patch(f"{path}/status", {"status": sessions.status_patch(body, seen)})
             ctx().count_session(key, seen.phase, ready=seen.ready)
@@ -278,16 +284,40 @@ async def _unless_stopped(work: Coroutine[Any, Any, None], stopped: kopf.DaemonS
         raise error
 
 
+def _backoff_key(kind: str, body: dict[str, Any]) -> tuple[str, str, str]:
+    return (kind, body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+def _due(ctx: OperatorContext, kind: str, body: dict[str, Any]) -> bool:
+    """Not backing off after failures (see ``backoff``): a timer's pass or a pod's
+    change skips an object that failed until its wait is over or its spec changes."""
+    return ctx.backoff.due(_backoff_key(kind, body), body["metadata"].get("generation"))
+
+
+def _settle(ctx: OperatorContext, body: dict[str, Any], seen: sessions.Observed) -> None:
+    """A session that could not start (its spec is unusable: said as ``Degraded``) is
+    backed off as a failure; any other pass ends its backoff."""
+    key = _backoff_key("AgentSession", body)
+    if seen.phase == "Pending" and seen.degraded is not None and seen.owner is None:
+        ctx.backoff.failed(key, body["metadata"].get("generation"))
+        ctx.metrics.reconcile_errors.labels(kind="AgentSession", reason=seen.degraded.reason).inc()
+    else:
+        ctx.backoff.succeeded(key)
+
+
 async def _failed(
     ctx: OperatorContext,
     body: dict[str, Any],
     kind: str,
     exc: ShadowpodError | ValidationError,
     patch: kopf.Patch | None,
-) -> None:
+) -> float:
+    """Said on the object (a condition, a Warning event), counted, and backed off:
+    the seconds until it is tried again."""
     # A spec the API server admitted but the operator's models refuse: a CRD older
     # than the operator, say. Said on the object; the next pass tries again.
     reason = "InvalidSpec" if isinstance(exc, ValidationError) else exc.reason
+    delay = ctx.backoff.failed(_backoff_key(kind, body), body["metadata"].get("generation"))
     logger.warning(
         "%s %s/%s: %s: %s",
         kind,
@@ -297,7 +327,8 @@ async def _failed(
         exc,
     )
     ctx.metrics.reconcile_errors.labels(kind=kind, reason=reason).inc()
-    await ctx.event(body, "Warning", reason, f"{exc}; trying again")
+    again = f"trying again in {delay:g} s"
+    await ctx.event(body, "Warning", reason, f"{exc}; {again}")
     if patch is not None:
         seen = sessions.Observed(
             phase=(body.get("status") or {}).get("phase", "Pending"),
@@ -305,6 +336,7 @@ async def _failed(
             owner=(body.get("status") or {}).get("ownerPod"),
             image=(body.get("status") or {}).get("image"),
             active=(body.get("status") or {}).get("activeMigration"),
-            degraded=sessions.Problem(reason, f"{exc}; the operator tries again"),
+            degraded=sessions.Problem(reason, f"{exc}; the operator is {again}"),
         )
         patch.status.update(sessions.status_patch(body, seen))
+    return delay

@@ -86,11 +86,16 @@ async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
     namespace = migration.metadata.namespace or "default"
     name = migration.metadata.name or ""
     session_name = migration.spec.session_ref.name
+    session_body = await ctx.api.get(namespaced("agentsessions", namespace, session_name))
     labels = body["metadata"].get("labels") or {}
     if labels.get(names.SESSION_LABEL) != session_name:  # made by hand: found by its label
         path = namespaced("agentmigrations", namespace, name)
-        await ctx.api.patch(path, {"metadata": {"labels": {names.SESSION_LABEL: session_name}}})
-    session_body = await ctx.api.get(namespaced("agentsessions", namespace, session_name))
+        generation = str((session_body or {}).get("metadata", {}).get("generation", ""))
+        meta_patch = {
+            "labels": {names.SESSION_LABEL: session_name},
+            "annotations": {names.SESSION_GENERATION_ANNOTATION: generation},
+        }
+        body = await ctx.api.patch(path, {"metadata": meta_patch}) or body
     records = MigrationRecords(ctx, dict(body), session_body or dict(body))
     if session_body is None:
         if records.stored() is None:

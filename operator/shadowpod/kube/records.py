@@ -29,6 +29,9 @@ RECORD_ANNOTATION: Final = f"{names.PREFIX}/record"
 # The CRIU strategy's mechanism, as the strategy chose it (``checkpointers``).
 MECHANISM_ANNOTATION: Final = f"{names.PREFIX}/checkpoint-mechanism"
 VALIDATION_REASONS: Final = ("ValidationFailed", "ValidationUnavailable", "PersonaDrift")
+# Reasons a rollback is also said by, as an event of their own (see ``_phase_changed``):
+# the upgrade gate's, and a target that can never run (the pod runtime's).
+SAID_ALONE: Final = (*VALIDATION_REASONS, "ImagePullFailed", "NodeNotFound")
 # How a verdict names a disagreement: "turn 21 (score 0.77): why; source said …".
 _WORST: Final = re.compile(r"^turn (\d+) \(score ([0-9.]+)\): (.*?)(?:; source said |$)", re.S)
 RESULTS: Final = {
@@ -347,8 +350,9 @@ class MigrationRecords:
             message += f" ({record.reason}: {record.error})"
         for obj in (self.migration, self.session):
             await self.ctx.event(obj, kind, f"Migration{record.phase}", message)
-        if record.phase is Phase.ROLLING_BACK and record.reason in VALIDATION_REASONS:
-            # The upgrade gate's own word: what a user filters events by.
+        if record.phase is Phase.ROLLING_BACK and record.reason in SAID_ALONE:
+            # The upgrade gate's own word, or why the target can never run: what a
+            # user filters events by.
             said = f"migration {self.migration['metadata']['name']}: {record.error}"
             if record.reason == "ValidationFailed":
                 said += "; kubectl shadowpod diff shows both answers"

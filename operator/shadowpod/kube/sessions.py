@@ -357,7 +357,7 @@ async def _maybe_migrate(
     generation = int(body["metadata"].get("generation") or 1)
     migration: dict[str, Any] | None = None
     if container_image(pod) != session.spec.image:
-        if gated:
+        if gated or _moved_by_hand(migrations, container_image(pod), generation):
             return None
         wanted = names.image_migration(name, generation)
         if any(m["metadata"]["name"] == wanted for m in migrations):
@@ -389,6 +389,21 @@ async def _maybe_migrate(
         f"{reason}: AgentMigration {migration['metadata']['name']}",
     )
     return created
+
+
+def _moved_by_hand(migrations: list[dict[str, Any]], image: str, generation: int) -> bool:
+    """The owner runs ``image`` because a user's AgentMigration put it there while the
+    spec was at ``generation``: the move is kept (not undone to ``spec.image``) until
+    the spec changes."""
+    for migration in migrations:
+        annotations = migration["metadata"].get("annotations") or {}
+        if (
+            (migration.get("status") or {}).get("result") == "Succeeded"
+            and ((migration.get("spec") or {}).get("target") or {}).get("image") == image
+            and annotations.get(names.SESSION_GENERATION_ANNOTATION) == str(generation)
+        ):
+            return True
+    return False
 
 
 async def _cordoned(ctx: OperatorContext, node: str) -> bool:
