@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final
+from typing import Final, Literal
 
 from shadowpod.fleet.followers import Follower
 from shadowpod.fleet.state import RolloutState
@@ -65,8 +65,8 @@ class Progress:
 
 @dataclass(frozen=True)
 class ConditionValue:
-    type: str
-    status: str  # "True", "False" or "Unknown"
+    type: Literal["Progressing", "Available", "Halted"]
+    status: Literal["True", "False", "Unknown"]
     reason: str
     message: str
 
@@ -133,20 +133,25 @@ def estimated_completion(
     return now + pauses + waves * (sum(durations) / len(durations))
 
 
+# Progressing by phase, as a Deployment's: True while it moves (and once complete, with
+# the reason saying so), Unknown while a pause waits, False when it stopped short.
+_PROGRESSING: Final[dict[RolloutPhase, tuple[Literal["True", "False", "Unknown"], str]]] = {
+    RolloutPhase.PROGRESSING: ("True", "RollingOut"),
+    RolloutPhase.PAUSED: ("Unknown", "RolloutPaused"),
+    RolloutPhase.HALTED: ("False", "RolloutHalted"),
+    RolloutPhase.ABORTING: ("True", "RollingBack"),
+    RolloutPhase.ABORTED: ("False", "RolloutAborted"),
+    RolloutPhase.COMPLETE: ("True", "RolloutComplete"),
+}
+
+
 def conditions(
     progress: Progress, state: RolloutState, max_unavailable: int
 ) -> tuple[ConditionValue, ...]:
     """Progressing, Available and Halted, each always set (API conventions)."""
     phase = progress.phase
-    progressing = {
-        RolloutPhase.PROGRESSING: ("True", "RollingOut"),
-        RolloutPhase.PAUSED: ("Unknown", "RolloutPaused"),
-        RolloutPhase.HALTED: ("False", "RolloutHalted"),
-        RolloutPhase.ABORTING: ("True", "RollingBack"),
-        RolloutPhase.ABORTED: ("False", "RolloutAborted"),
-        RolloutPhase.COMPLETE: ("True", "RolloutComplete"),
-    }[phase]
-    available = (
+    progressing = _PROGRESSING[phase]
+    available: tuple[Literal["True", "False"], str, str] = (
         (
             "True",
             "SessionsServing",
