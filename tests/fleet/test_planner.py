@@ -120,6 +120,30 @@ def test_a_second_bump_mid_rollout_keeps_the_proven_version_stable() -> None:
     assert bumped.state.step == 0
 
 
+def test_a_bump_back_to_the_stable_version_mid_rollout_skips_the_steps() -> None:
+    world = World(fleet(10), CANARY_THEN_PAUSE)
+    world.run(NEW, 20, lambda p: p.progress.phase is RolloutPhase.PAUSED)
+    back = world.tick(OLD)
+    assert back.state.step == CANARY_THEN_PAUSE.final_step
+    assert [s.target for s in back.start] == [OLD, OLD]
+    done = world.run(OLD, 20, lambda p: p.progress.phase is RolloutPhase.COMPLETE)
+    assert dict(done.progress.versions) == {OLD: 10}
+
+
+def test_a_new_bump_withdraws_the_queued_moves_of_the_last_one() -> None:
+    world = World(fleet(10), CANARY_THEN_PAUSE, caps=Caps(max_concurrent=1, max_per_node=1))
+    world.tick(NEW)
+    queued = [m.name for m in world.migrations.values() if not m.running]
+    assert len(queued) == 1
+    busy = {m.session for m in world.migrations.values()}
+    bumped = world.tick("agent:3")
+    assert list(bumped.cancel) == queued
+    assert {s.target for s in bumped.start} == {"agent:3"}
+    assert not {s.session for s in bumped.start} & busy
+    done = world.run("agent:3", 100, lambda p: p.progress.phase is RolloutPhase.PAUSED)
+    assert dict(done.progress.versions)["agent:3"] == 2
+
+
 def test_the_plan_is_the_same_when_asked_twice() -> None:
     """A restarted operator decides again from the stored state: the same moves."""
     followers = list(fleet(40).values())

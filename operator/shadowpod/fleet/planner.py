@@ -55,7 +55,7 @@ def plan(
     control: Control,
     now: float,
 ) -> Plan:
-    state = _begin(target, followers, state, now)
+    state = _begin(target, followers, strategy, state, now)
     state = _record_outcomes(followers, state)
     state = _apply_control(strategy, state, control, now)
     if state.aborted:
@@ -80,13 +80,20 @@ def version_for_new_session(state: RolloutState, strategy: RolloutStrategy) -> s
 
 
 def _begin(
-    target: str, followers: Sequence[Follower], state: RolloutState, now: float
+    target: str,
+    followers: Sequence[Follower],
+    strategy: RolloutStrategy,
+    state: RolloutState,
+    now: float,
 ) -> RolloutState:
     """A new target starts a new revision; the version it replaces becomes the stable
     one: the previous target if that rollout completed, else the previous stable (a bump
-    in the middle of a rollout does not make the half-proven version stable)."""
+    in the middle of a rollout does not make the half-proven version stable). A bump
+    back to the stable version in the middle of a rollout is a rollback: it skips the
+    steps (the version was proven), as Argo Rollouts does, and keeps only the pace."""
     if state.target == target:
         return state
+    step = 0
     if state.target is None:
         others = Counter(f.version for f in followers if f.version != target)
         stable = min(others, key=lambda v: (-others[v], v)) if others else None
@@ -94,10 +101,13 @@ def _begin(
         stable = state.target
     else:
         stable = state.stable
+        if target == stable:
+            stable, step = None, strategy.final_step
     return RolloutState(
         revision=state.revision + 1,
         target=target,
         stable=stable if stable != target else None,
+        step=step,
         started_at=now,
         step_started_at=now,
         resumes_seen=state.resumes_seen,
