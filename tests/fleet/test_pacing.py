@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -147,3 +148,16 @@ def test_a_drain_finishes_while_a_large_rollout_runs(size: int, drained: int) ->
     # Two at a time out of node-9 (its cap), each two ticks long, plus a tick to start.
     assert ticks <= (drained + 1) // 2 * world.duration + 1
     assert world.plans[-1].progress.phase is RolloutPhase.PROGRESSING
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests=requests, slots=st.integers(1, 12))
+def test_a_queued_migrations_position_is_its_turn(requests: list[Request], slots: int) -> None:
+    """Without node caps in the way, the queue shown is the order in which the free
+    slots would go: admitting ``slots`` then the queue is admitting all at once."""
+    anywhere = [replace(r, node=None) for r in requests]
+    few = admit(
+        anywhere, Caps(max_concurrent=slots + sum(r.running for r in anywhere), max_per_node=1)
+    )
+    everything = admit(anywhere, Caps(max_concurrent=10_000, max_per_node=1))
+    assert few.admit + few.queue == everything.admit

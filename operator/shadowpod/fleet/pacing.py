@@ -15,6 +15,7 @@ than running ahead of it, and within a group requests run in the order they came
 
 from __future__ import annotations
 
+import heapq
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -114,14 +115,19 @@ def admit(requests: Sequence[Request], caps: Caps) -> Admission:
 
 def _order(waiting: dict[str, list[Request]], per_group: Counter[str]) -> tuple[str, ...]:
     """The rest in the order the same rule would admit them with no cap: positions to
-    show, not promises (a node's cap may let a later one overtake)."""
-    queues = {group: list(queue) for group, queue in waiting.items() if queue}
-    served = Counter(per_group)
+    show, not promises (a node's cap may let a later one overtake). A heap, because a
+    thousand single-session groups are as likely as one group of a thousand."""
+    heap = [
+        (per_group[group], queue[0].queued_at, group, 0)
+        for group, queue in waiting.items()
+        if queue
+    ]
+    heapq.heapify(heap)
     order: list[str] = []
-    while queues:
-        group = min(queues, key=lambda g: (served[g], queues[g][0].queued_at, g))
-        order.append(queues[group].pop(0).name)
-        served[group] += 1
-        if not queues[group]:
-            del queues[group]
+    while heap:
+        served, _, group, index = heapq.heappop(heap)
+        queue = waiting[group]
+        order.append(queue[index].name)
+        if index + 1 < len(queue):
+            heapq.heappush(heap, (served + 1, queue[index + 1].queued_at, group, index + 1))
     return tuple(order)
