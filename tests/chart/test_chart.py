@@ -300,7 +300,9 @@ def test_rbac_cluster_wide_by_default_without_node_proxy(defaults: Rendered) -> 
     assert grants(cluster, "nodes") == {"get", "list", "watch"}
     assert grants(cluster, "nodes/proxy") == set()
     assert grants(cluster, "customresourcedefinitions") == {"get", "list", "watch"}
-    assert grants(sessions, "pods") == {"get", "list", "create", "patch", "delete"}
+    # Watched: the operator's handler of agent pods' events (a real API server refuses
+    # the watch without it, and the operator stops).
+    assert grants(sessions, "pods") == {"get", "list", "watch", "create", "patch", "delete"}
     assert grants(sessions, "secrets") == {"get", "create"}
     # Golden sessions read, the answers an upgrade gate compared written.
     assert grants(sessions, "configmaps") == {"get", "create", "patch"}

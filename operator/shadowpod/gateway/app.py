@@ -17,8 +17,10 @@ from shadowpod.gateway.context import GATEWAY, Gateway
 from shadowpod.gateway.errors import (
     CONTROL_BODY_BYTES,
     LIMITS,
+    STORE_HEALTH,
     Handler,
     Limits,
+    StoreHealth,
     body_limits,
     error_middleware,
 )
@@ -58,7 +60,7 @@ LARGE_BODIES: Final = frozenset(
     {"post_message", "append_journal", "create_session", "post_drained"}
 )
 CONTROL_BODIES: Final = frozenset(
-    {"post_ack", "put_ownership", "fence", "unfence", "request_snapshot"}
+    {"post_ack", "put_ownership", "fence", "unfence", "request_snapshot", "mint_owner_credential"}
 )
 
 
@@ -110,6 +112,7 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
         middlewares=[count_requests, error_middleware, body_limits],
     )
     app[GATEWAY] = gw
+    app[STORE_HEALTH] = StoreHealth()
     app[LIMITS] = Limits(
         max_body_bytes=config.max_body_bytes,
         max_snapshot_bytes=config.max_snapshot_bytes,

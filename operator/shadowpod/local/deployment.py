@@ -28,6 +28,7 @@ from shadowpod.local.images import ImageMap
 from shadowpod.local.records import FileRecordStore
 from shadowpod.local.runtime import LocalRuntime
 from shadowpod.local.validation import local_validator
+from shadowpod.sessions.tokens import new_owner_key
 
 
 class LocalDeployment:
@@ -104,7 +105,9 @@ class LocalDeployment:
         identity: SessionIdentity | None = None,
     ) -> str:
         """Create ``session`` and start its first owner (epoch 1). Returns the agent
-        token. ``identity``: who the agent is (its name and principles), as files."""
+        token. ``identity``: who the agent is (its name and principles), as files.
+        Owners write with credentials: the key is made here and kept by the runtime."""
+        owner_key = new_owner_key()
         created, _ = await start_session(
             self.admin,
             CreateSession(
@@ -114,12 +117,13 @@ class LocalDeployment:
                     for name in credentials
                 ],
                 schedules=list(schedules),
+                owner_key=owner_key,
             ),
             owner=instance,
         )
         if created.agent_token is None:  # only a caller that sent a token hash gets none
             raise RuntimeError("the gateway returned no agent token for a session it made")
-        self.runtime.register_session(session, created.agent_token, identity)
+        self.runtime.register_session(session, created.agent_token, identity, owner_key)
         await self.runtime.start(
             InstanceSpec(
                 name=instance, image=image, session=session, mode="owner", epoch=FIRST_EPOCH
