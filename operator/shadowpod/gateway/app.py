@@ -134,7 +134,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if gw.config.schedules:
         await gw.firer.load(s.session for s in await gw.store.list_sessions())
         firing = asyncio.create_task(gw.firer.run(), name="schedule-firer")
-    logger.info("gateway ready", extra={"journal": _redacted(gw.config.journal_url)})
+    # Not "ready": the address may still turn out to be taken (serve says ready).
+    logger.info("journal open", extra={"journal": _redacted(gw.config.journal_url)})
     try:
         yield
     finally:
@@ -168,7 +169,10 @@ async def serve(config: GatewayConfig, *, ready: asyncio.Event | None = None) ->
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    logger.info("gateway listening", extra={"address": f"{config.host}:{config.port}"})
+    logger.info(
+        "gateway ready",
+        extra={"address": f"{config.host}:{config.port}", "journal": _redacted(config.journal_url)},
+    )
     if ready is not None:
         ready.set()
     try:

@@ -40,14 +40,18 @@ class LocalDeployment:
         journal_url: str | None = None,
         warm_spares: bool = False,
         checkpoints: bool = False,
+        gateway_port: int | None = None,
     ) -> None:
         """``checkpoints``: agents that CRIU can checkpoint (``shadowpod.local.criu``),
-        and migrations with the ``criu`` strategy; no warm spares then."""
+        and migrations with the ``criu`` strategy; no warm spares then.
+        ``gateway_port``: the gateway's (default: a free one)."""
         # Absolute: instances and the gateway are told paths that must not depend on
         # the directory they run in.
         workdir = workdir.absolute()
         self.workdir = workdir
-        self.gateway = GatewayProcess(workdir / "gateway", journal_url=journal_url)
+        self.gateway = GatewayProcess(
+            workdir / "gateway", journal_url=journal_url, port=gateway_port
+        )
         self.checkpointer: CriuRuntime | None = None
         if checkpoints:
             self.runtime: LocalRuntime = CriuRuntime(
@@ -152,6 +156,16 @@ class LocalDeployment:
 
     def next_name(self, session: str) -> str:
         return f"{session}-{next(self._names)}"
+
+    def names_used(self) -> None:
+        """Continue instance names after those an earlier run left in the work
+        directory (a resumed deployment's instances get directories of their own)."""
+        used = [
+            int(suffix)
+            for home in (self.workdir / "instances").glob("*-*")
+            if (suffix := home.name.rsplit("-", 1)[1]).isdigit()
+        ]
+        self._names = itertools.count(max(used, default=0) + 1)
 
     def plan(
         self,
