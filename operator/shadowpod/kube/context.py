@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import aiohttp
+from pydantic import ValidationError
 
 from shadowpod.client.control import GatewayControl
 from shadowpod.client.gateway import GatewayClient
@@ -64,6 +65,20 @@ class OperatorContext:
             count = sum(1 for p in self.session_phases.values() if p == known)
             self.metrics.sessions.labels(phase=known).set(count)
         self.metrics.sessions_without_owner.set(len(self.unready_owners))
+
+    async def reconcile_failed(
+        self, body: Mapping[str, Any], kind: str, exc: ShadowpodError | ValidationError
+    ) -> str:
+        """A reconcile of ``body`` that failed, said (logged, counted, a Warning event)
+        for the next pass to try again; its reason returned."""
+        # A spec the API server admitted but the operator's models refuse: a CRD older
+        # than the operator, say.
+        reason = "InvalidSpec" if isinstance(exc, ValidationError) else exc.reason
+        meta = body["metadata"]
+        logger.warning("%s %s/%s: %s: %s", kind, meta["namespace"], meta["name"], reason, exc)
+        self.metrics.reconcile_errors.labels(kind=kind, reason=reason).inc()
+        await self.event(body, "Warning", reason, f"{exc}; trying again")
+        return reason
 
     async def event(
         self, obj: Mapping[str, Any], kind: EventType, reason: str, message: str
