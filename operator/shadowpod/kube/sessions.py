@@ -39,7 +39,7 @@ from shadowpod.api.models import CreateSession, CredentialSpec, OwnershipChange,
 from shadowpod.client.gateway import GatewayError
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.ports import GatewayUnavailable
-from shadowpod.engine.record import TERMINAL, Phase
+from shadowpod.engine.record import TERMINAL
 from shadowpod.kube import conditions, manifests, names, validation
 from shadowpod.kube.api import AlreadyExists, namespaced
 from shadowpod.kube.comparisons import warm_semantic_judge
@@ -572,7 +572,3 @@ def _as_stored(body: dict[str, Any], reason: str, exc: Exception) -> Observed:
         last=last,
         degraded=Problem(reason, f"{exc}; the operator tries again"),
     )
-
-
-def migration_phase(migration: dict[str, Any]) -> Phase:
-    return Phase((migration.get("status") or {}).get("phase", "Pending"))
