@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from shadowpod.client.control import GatewayControl
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
+from shadowpod.engine.ports import ImageInfo
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.config import OperatorConfig
 from shadowpod.kube.metrics import OperatorMetrics
@@ -44,6 +45,9 @@ class OperatorContext:
     unready_owners: set[tuple[str, str]] = field(default_factory=set)
     # The problem last said (as a Warning event) of each session, "namespace/name".
     problems_said: dict[str, str] = field(default_factory=dict)
+    # What each image reported when its pods ran, shared by every session's runtime
+    # (and gone with this operator).
+    known_images: dict[str, ImageInfo] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
 
     def lock(self, key: str) -> asyncio.Lock:
