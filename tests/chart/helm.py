@@ -48,6 +48,7 @@ class Rendered:
 
     objects: list[dict[str, Any]]
     notes: str
+    manifest: str = ""  # as Helm rendered it, every template's output in its order
 
     def kinds(self) -> list[str]:
         return sorted(obj["kind"] for obj in self.objects)
@@ -86,7 +87,7 @@ class Helm:
         self.process = process
 
     @classmethod
-    async def start(cls, kubeconfig: Path) -> Helm:
+    async def start(cls, kubeconfig: Path, namespace: str = NAMESPACE) -> Helm:
         if HELM_MISSING:
             pytest.skip(HELM_MISSING)
         process = await asyncio.create_subprocess_exec(
@@ -94,7 +95,7 @@ class Helm:
             "-m",
             "tests.chart.helm_worker",
             str(kubeconfig),
-            NAMESPACE,
+            namespace,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             cwd=REPO,
@@ -155,5 +156,7 @@ class Helm:
     def _rendered(result: dict[str, Any]) -> Rendered:
         assert (result.get("info") or {}).get("status") == "deployed", result.get("info")
         return Rendered(
-            objects=parse_manifest(result["manifest"]), notes=result["info"].get("notes", "")
+            objects=parse_manifest(result["manifest"]),
+            notes=result["info"].get("notes", ""),
+            manifest=result["manifest"],
         )

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from shadowpod.engine.record import SHADOW_PHASES, MigrationPolicy, Phase
 from shadowpod.kube.metrics import OperatorMetrics
 from tests.chart.conftest import render
 from tests.chart.helm import NAMESPACE, RELEASE
@@ -32,10 +33,10 @@ SCRAPE = {
     "pod": f"{RELEASE}-shadowpod-operator-5d9c7-abcde",
 }
 ALERTS = [
-    "ShadowpodMigrationSlow",
-    "ShadowpodMigrationsFailing",
-    "ShadowpodMigrationStuck",
     "ShadowpodFencePauseHigh",
+    "ShadowpodMigrationSlow",
+    "ShadowpodMigrationStuck",
+    "ShadowpodMigrationRollbackRateHigh",
     "ShadowpodUpgradeGateUnavailable",
     "ShadowpodSessionWithoutReadyOwner",
     "ShadowpodOperatorAbsent",
@@ -107,8 +108,32 @@ def alert(
     }
 
 
-def migrations(duration: float, pause: float, every: int = 5, failing_every: int = 0) -> Step:
-    """A migration finishes every ``every`` minutes (one in ``failing_every`` rolls back)."""
+MAX_DURATION_S = MigrationPolicy().max_duration_s
+
+
+def finished(
+    metrics: OperatorMetrics, duration: float, pause: float | None, result: str, reason: str
+) -> None:
+    """What the operator records when a migration ends (kube/records.py)."""
+    metrics.migrations.labels(result=result, reason=reason).inc()
+    metrics.migration_duration.labels(result=result).observe(duration)
+    metrics.migration_policy_share.observe(duration / MAX_DURATION_S)
+    for phase in SHADOW_PHASES[:-1]:
+        metrics.phase_duration.labels(phase=phase).observe(duration / len(SHADOW_PHASES))
+    if pause is not None:
+        metrics.fence_pause.observe(pause)
+
+
+def migrations(
+    duration: float,
+    pause: float,
+    every: int = 5,
+    failing_every: int = 0,
+    slow: dict[int, float] | None = None,
+    paused: dict[int, float] | None = None,
+) -> Step:
+    """A migration finishes every ``every`` minutes (one in ``failing_every`` rolls
+    back); ``slow`` and ``paused``: {minute: its duration, or its fence pause}."""
 
     def step(minute: int, metrics: OperatorMetrics) -> None:
         metrics.sessions.labels(phase="Running").set(3)
@@ -119,11 +144,10 @@ def migrations(duration: float, pause: float, every: int = 5, failing_every: int
         failed = failing_every and number % failing_every == 0
         result = "RolledBack" if failed else "Succeeded"
         reason = "AgentNotReady" if failed else "ImageChanged"
-        metrics.migrations.labels(result=result, reason=reason).inc()
-        metrics.migration_duration.labels(result=result).observe(duration)
-        for phase in ("Shadowing", "CatchingUp", "Fencing", "HandingOver"):
-            metrics.phase_duration.labels(phase=phase).observe(duration / 4)
-        metrics.fence_pause.observe(pause)
+        took = (slow or {}).get(minute, duration)
+        finished(
+            metrics, took, None if failed else (paused or {}).get(minute, pause), result, reason
+        )
 
     return step
 
@@ -147,75 +171,113 @@ def test_a_healthy_cluster_raises_nothing(rules: Path) -> None:
     run_case(rules, 90, migrations(duration=8, pause=0.02), {}, eval_minute=90)
 
 
-def test_slow_migrations_fire_after_fifteen_minutes(rules: Path) -> None:
-    expected = {
-        "ShadowpodMigrationSlow": [
-            alert(
-                "warning",
-                "shadowpodmigrationslow",
-                "Migrations take longer than 120 s (p95 over the last hour).",
-                # 250 s falls in the (120, 300] bucket: Prometheus interpolates 291 s.
-                "The 95th percentile of migration durations is 4m 51s.",
-            )
-        ]
-    }
-    run_case(rules, 60, migrations(duration=250, pause=0.02), expected, eval_minute=60)
-    # Not before they have been slow for 15 minutes.
-    run_case(rules, 60, migrations(duration=250, pause=0.02), {}, eval_minute=15)
+def slow_alert(count: str) -> dict[str, Any]:
+    return alert(
+        "warning",
+        "shadowpodmigrationslow",
+        "A migration in the last hour took more than 50% of its policy's maxDurationSeconds.",
+        f"{count} migration(s) in the last hour took more than 50% of the time their"
+        " policy allows (maxDurationSeconds).",
+    )
 
 
-def test_a_failure_ratio_above_the_threshold_fires(rules: Path) -> None:
+def test_one_slow_migration_among_fast_ones_fires_at_once(rules: Path) -> None:
+    """Migrations take 8 s; one at minute 30 takes 70 s of the policy's 120 (58%)."""
+    step = migrations(duration=8, pause=0.02, slow={30: 70})
+    run_case(rules, 90, step, {"ShadowpodMigrationSlow": [slow_alert("1")]}, eval_minute=31)
+    run_case(rules, 90, step, {"ShadowpodMigrationSlow": [slow_alert("1")]}, eval_minute=85)
+    run_case(rules, 90, step, {}, eval_minute=29)  # not before it
+    run_case(rules, 95, step, {}, eval_minute=95)  # nor an hour after
+
+
+def test_a_migration_within_half_its_policy_raises_nothing(rules: Path) -> None:
+    # 59 s of 120: slower than the others, within the budget the threshold leaves.
+    run_case(rules, 60, migrations(duration=8, pause=0.02, slow={30: 59}), {}, eval_minute=31)
+
+
+def test_the_first_migration_of_an_operator_is_seen_too(rules: Path) -> None:
+    """The series exist at 0 from the operator's start: a first migration that is
+    slow, or rolled back, is an increase (a new series' first sample would not be)."""
+
+    def step(minute: int, metrics: OperatorMetrics) -> None:
+        if minute == 10:
+            finished(metrics, 100, 0.02, "RolledBack", "AgentNotReady")
+
     expected = {
-        "ShadowpodMigrationsFailing": [
-            alert(
-                "warning",
-                "shadowpodmigrationsfailing",
-                "More than 10% of migrations in the last hour did not succeed.",
-                "33.33% of the last hour's migrations rolled back or failed.",
-            )
-        ]
+        "ShadowpodMigrationSlow": [slow_alert("1")],
+        "ShadowpodMigrationRollbackRateHigh": [rollback_alert("100%")],
     }
+    run_case(rules, 30, step, expected, eval_minute=25)
+
+
+def rollback_alert(share: str) -> dict[str, Any]:
+    return alert(
+        "warning",
+        "shadowpodmigrationrollbackratehigh",
+        "More than 10% of migrations in the last hour rolled back or failed.",
+        f"{share} of the last hour's migrations rolled back or failed (upgrade gates'"
+        " rejections apart).",
+    )
+
+
+def test_a_rollback_rate_above_the_threshold_fires(rules: Path) -> None:
+    expected = {"ShadowpodMigrationRollbackRateHigh": [rollback_alert("33.33%")]}
     step = migrations(duration=8, pause=0.02, failing_every=3)
     run_case(rules, 90, step, expected, eval_minute=90)
 
 
 def test_a_migration_stuck_in_one_phase_fires_with_its_phase(rules: Path) -> None:
+    """Two migrations: one passes through Fencing, one enters it at minute 5 and stays;
+    the gauge the operator keeps is the oldest one still there."""
+
     def step(minute: int, metrics: OperatorMetrics) -> None:
         metrics.sessions.labels(phase="Migrating").set(1)
-        if minute == 5:  # entered Fencing at minute 5 and never left
-            metrics.in_progress.labels(phase="Fencing").set(1)
-            metrics.phase_entered.labels(phase="Fencing").set(5 * 60)
-        metrics.phase_entered.labels(phase="Shadowing").set(0)  # none there
+        if minute == 2:
+            metrics.migration_in_phase("a", Phase.CATCHING_UP, 2 * 60)
+        if minute == 3:
+            metrics.migration_in_phase("a", Phase.FENCING, 3 * 60)
+        if minute == 4:
+            metrics.migration_in_phase("a", Phase.COMMITTED, 4 * 60)
+            metrics.migration_in_phase("a", None, 0)
+        if minute == 5:
+            metrics.migration_in_phase("b", Phase.FENCING, 5 * 60)
 
     expected = {
         "ShadowpodMigrationStuck": [
             alert(
                 "critical",
                 "shadowpodmigrationstuck",
-                "A migration has been in phase Fencing for more than 900 s.",
-                "The oldest migration in Fencing entered it 25m 0s ago.",
-                phase="Fencing",
+                "A migration has been in phase Fencing for more than 300 s.",
+                "The oldest migration in Fencing entered it 10m 0s ago.",
+                phase=Phase.FENCING.value,
                 **SCRAPE,
             )
         ]
     }
-    run_case(rules, 30, step, expected, eval_minute=30)
-    run_case(rules, 30, step, {}, eval_minute=19)  # 14 minutes in: not yet
+    run_case(rules, 15, step, expected, eval_minute=15)
+    run_case(rules, 15, step, {}, eval_minute=9)  # 4 minutes in: not yet
 
 
-def test_long_fence_pauses_fire(rules: Path) -> None:
-    expected = {
-        "ShadowpodFencePauseHigh": [
-            alert(
-                "warning",
-                "shadowpodfencepausehigh",
-                "Clients wait more than 1 s at a migration's fence (p99 over the last hour).",
-                # 3 s falls in the (2.5, 5] bucket: 2.5 + 0.99 * 2.5.
-                "The 99th percentile of fence pauses is 4.975s.",
-            )
-        ]
-    }
-    run_case(rules, 60, migrations(duration=8, pause=3.0), expected, eval_minute=60)
+def pause_alert(count: str) -> dict[str, Any]:
+    return alert(
+        "warning",
+        "shadowpodfencepausehigh",
+        "A client waited more than 1 s at a migration's fence in the last 15 minutes.",
+        f"{count} migration(s) held a client's message back at the fence longer than 1 s"
+        " (the pause clients feel).",
+    )
+
+
+def test_one_long_fence_pause_fires(rules: Path) -> None:
+    """Pauses of 20 ms; the migration at minute 30 held a message 3 s."""
+    step = migrations(duration=8, pause=0.02, paused={30: 3.0})
+    run_case(rules, 60, step, {"ShadowpodFencePauseHigh": [pause_alert("1")]}, eval_minute=31)
+    run_case(rules, 60, step, {}, eval_minute=29)
+    run_case(rules, 60, step, {}, eval_minute=50)  # 20 minutes later: over
+
+
+def test_fence_pauses_under_the_threshold_raise_nothing(rules: Path) -> None:
+    run_case(rules, 60, migrations(duration=8, pause=0.9), {}, eval_minute=60)
 
 
 def gated_upgrades(reason: str) -> Step:
@@ -225,8 +287,7 @@ def gated_upgrades(reason: str) -> Step:
         metrics.sessions.labels(phase="Running").set(3)
         if minute == 0 or minute % 5:
             return
-        metrics.migrations.labels(result="RolledBack", reason=reason).inc()
-        metrics.migration_duration.labels(result="RolledBack").observe(20)
+        finished(metrics, 20, None, "RolledBack", reason)
         metrics.validation_rollbacks.labels(reason=reason).inc()
         if reason == "ValidationFailed":
             metrics.validation_turns.labels(judge="semantic", source="live").inc(5)
@@ -249,13 +310,10 @@ def test_a_gate_that_cannot_judge_fires_at_once(rules: Path) -> None:
         " a golden ConfigMap or a shadow's agent API could not be used; image changes gated"
         " by it do not land.",
     )
-    failing = alert(
-        "warning",
-        "shadowpodmigrationsfailing",
-        "More than 10% of migrations in the last hour did not succeed.",
-        "100% of the last hour's migrations rolled back or failed.",
-    )
-    expected = {"ShadowpodUpgradeGateUnavailable": [gate], "ShadowpodMigrationsFailing": [failing]}
+    expected = {
+        "ShadowpodUpgradeGateUnavailable": [gate],
+        "ShadowpodMigrationRollbackRateHigh": [rollback_alert("100%")],
+    }
     run_case(rules, 30, gated_upgrades("ValidationUnavailable"), expected, eval_minute=30)
     run_case(rules, 30, gated_upgrades("ValidationUnavailable"), {}, eval_minute=4)
 
@@ -305,3 +363,33 @@ def test_an_operator_that_is_not_scraped_fires(rules: Path) -> None:
     # last sample counts for the 5-minute lookback, and the alert fires 5 minutes later.
     run_case(rules, 25, step, {}, eval_minute=18, up=gone)
     run_case(rules, 25, step, expected, eval_minute=20, up=gone)
+
+
+RUNBOOKS = Path(__file__).resolve().parents[2] / "docs" / "runbooks.md"
+TERMINAL = {Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED}
+
+
+def test_the_runbooks_phase_table_is_the_engines_phases() -> None:
+    """Every phase a migration can be slow or stuck in has a row, named as the engine
+    names it (the runbook once named `Shadowing` and `HandingOver`, which it has not)."""
+    table = RUNBOOKS.read_text().split("### Phases", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)` \|", table, flags=re.MULTILINE)
+    assert rows == [p.value for p in Phase if p not in TERMINAL]
+
+
+def test_every_phase_the_alerts_and_runbooks_name_is_the_engines(
+    rendered_rules: dict[str, Any],
+) -> None:
+    phases = {p.value for p in Phase}
+    text = RUNBOOKS.read_text() + yaml.safe_dump(rendered_rules)
+    # "phase `Fencing`", "phase is `Fencing` or `Committed`", phase="Fencing", phase: …
+    named = {
+        name
+        for mention in re.findall(
+            r"phases?\s+(?:is\s+)?`\w+`(?:(?:,\s*|\s+or\s+|\s+and\s+|/)`\w+`)*", text
+        )
+        for name in re.findall(r"`(\w+)`", mention)
+    }
+    named |= set(re.findall(r'phase[=:] ?"?([A-Z][A-Za-z]+)', text))
+    assert named, "no phase named"
+    assert named <= phases, f"not phases of the engine: {named - phases}"

@@ -73,6 +73,9 @@ def test_the_operator_runs_alone_standalone_with_kopfs_liveness_probe(
         "SHADOWPOD_CONTROL_TOKEN_FILE": "/var/run/shadowpod/control/token",
     }
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # Kopf answers /healthz once its startup handlers have run: `rollout status` (NOTES'
+    # first step) waits for an operator that serves, not one that is still starting.
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"health": 8080, "metrics": 9090}
     service = rendered.one("Service", f"{OPERATOR}-metrics")
@@ -159,6 +162,24 @@ async def test_postgresql_gateway_scales_and_reads_the_dsn_from_a_secret(helm: H
     assert env(container)["SHADOWPOD_CLIENT_TOKEN_FILE"] == "/var/run/shadowpod/clients/tokens"
     assert "journal" not in {mount["name"] for mount in container["volumeMounts"]}
     assert "replicas share the PostgreSQL journal" in rendered.notes
+    assert rendered.all("PodDisruptionBudget") == []  # not asked for
+
+
+async def test_a_budget_keeps_all_but_one_of_several_gateway_replicas(helm: Helm) -> None:
+    rendered = await helm.install(
+        {
+            "gateway": {
+                "replicas": 3,
+                "journal": {"backend": "postgresql", "postgresql": {"existingSecret": "pg"}},
+            },
+            "podDisruptionBudget": {"enabled": True},
+        }
+    )
+    budget = rendered.one("PodDisruptionBudget", GATEWAY)
+    assert budget["spec"]["maxUnavailable"] == 1
+    gateway_pod_labels = rendered.one("Deployment", GATEWAY)["spec"]["template"]["metadata"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= gateway_pod_labels["labels"].items()
+    assert "PodDisruptionBudget" not in rendered.notes
 
 
 def test_every_pod_and_container_is_locked_down(everything_on: Rendered) -> None:
@@ -209,19 +230,19 @@ def test_everything_on_adds_monitoring_policies_and_budget(everything_on: Render
         for rule in group["rules"]
     ]
     assert alerts == [
-        "ShadowpodMigrationSlow",
-        "ShadowpodMigrationsFailing",
-        "ShadowpodMigrationStuck",
         "ShadowpodFencePauseHigh",
+        "ShadowpodMigrationSlow",
+        "ShadowpodMigrationStuck",
+        "ShadowpodMigrationRollbackRateHigh",
         "ShadowpodUpgradeGateUnavailable",
         "ShadowpodSessionWithoutReadyOwner",
         "ShadowpodOperatorAbsent",
     ]
 
-    budget = rendered.one("PodDisruptionBudget", GATEWAY)
-    assert budget["spec"]["maxUnavailable"] == 1
-    gateway_pod_labels = rendered.one("Deployment", GATEWAY)["spec"]["template"]["metadata"]
-    assert budget["spec"]["selector"]["matchLabels"].items() <= gateway_pod_labels["labels"].items()
+    # One gateway replica (SQLite): a budget would protect nothing (maxUnavailable 1) or
+    # block every drain; none is made, and NOTES say why.
+    assert rendered.all("PodDisruptionBudget") == []
+    assert "no PodDisruptionBudget for one gateway replica" in rendered.notes
 
     dashboard = rendered.one("ConfigMap", f"{RELEASE}-shadowpod-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -300,7 +321,9 @@ def test_rbac_cluster_wide_by_default_without_node_proxy(defaults: Rendered) -> 
     assert grants(cluster, "nodes") == {"get", "list", "watch"}
     assert grants(cluster, "nodes/proxy") == set()
     assert grants(cluster, "customresourcedefinitions") == {"get", "list", "watch"}
-    assert grants(sessions, "pods") == {"get", "list", "create", "patch", "delete"}
+    # Watched: the operator's handler of agent pods' events (a real API server refuses
+    # the watch without it, and the operator stops).
+    assert grants(sessions, "pods") == {"get", "list", "watch", "create", "patch", "delete"}
     assert grants(sessions, "secrets") == {"get", "create"}
     # Golden sessions read, the answers an upgrade gate compared written.
     assert grants(sessions, "configmaps") == {"get", "create", "patch"}
@@ -423,7 +446,10 @@ async def test_an_existing_control_token_secret_is_used_not_made(helm: Helm) -> 
         ({"nodeAgent": {"checkpointsDir": "var/lib"}}, "checkpointsDir"),
         ({"operator": {"watchNamespaces": ["Team_A"]}}, "watchNamespaces"),
         ({"operator": {"agentGatewayUrl": "gateway:8800"}}, "agentGatewayUrl"),
-        ({"metrics": {"prometheusRule": {"failureRatio": 2}}}, "failureRatio"),
+        ({"metrics": {"prometheusRule": {"rollbackRatio": 2}}}, "rollbackRatio"),
+        # A threshold on a histogram must be one of its bucket bounds.
+        ({"metrics": {"prometheusRule": {"fencePauseSeconds": 0.3}}}, "fencePauseSeconds"),
+        ({"metrics": {"prometheusRule": {"migrationSlowRatio": 0.6}}}, "migrationSlowRatio"),
         ({"metrics": {"prometheusRule": {"ownerlessFor": "five minutes"}}}, "ownerlessFor"),
         ({"gatway": {"replicas": 2}}, "gatway"),
         (
@@ -490,3 +516,34 @@ async def test_the_node_agent_is_off_by_default_and_root_only_on_checkpoint_node
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["checkpoints"]["hostPath"]["path"] == "/var/lib/kubelet/checkpoints"
     assert volumes["registry-auth"]["secret"]["defaultMode"] == 0o400
+
+
+def _readme_rbac_table() -> dict[str, dict[str, set[str]]]:
+    """The chart README's RBAC rows for the operator: where → resource → verbs
+    ("pods: get list create patch delete; secrets: get create; …")."""
+    text = (CHART / "README.md").read_text().split("## RBAC", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, dict[str, set[str]]] = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or cells[0] != "operator":
+            continue
+        granted = rows.setdefault(cells[2], {})
+        for item in cells[1].split(";"):
+            resource, _, verbs = item.partition(":")
+            resource = resource.split("(")[0].strip()
+            granted[resource] = set(verbs.split("(")[0].split())
+    return rows
+
+
+def test_the_readmes_rbac_table_is_what_the_chart_grants(defaults: Rendered) -> None:
+    """Every namespaced resource the operator is granted is in the README's table with
+    its verbs (a user deciding whether to install reads the table, not the template)."""
+    [row] = [
+        row for where, row in _readme_rbac_table().items() if where.startswith("a ClusterRole")
+    ]
+    granted: dict[str, set[str]] = {}
+    for rule in rules_of(defaults, "ClusterRole", f"{OPERATOR}-sessions"):
+        for resource in rule["resources"]:
+            name = "their status" if resource.endswith("/status") else resource
+            granted.setdefault(name, set()).update(rule["verbs"])
+    assert row == granted

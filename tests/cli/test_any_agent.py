@@ -71,4 +71,17 @@ def test_bench_langgraph_compares_the_two_checkpointers_in_one_json_object() -> 
     assert theirs["100"]["one_more_turn_bytes"] > 3 * theirs["10"]["one_more_turn_bytes"]
     assert theirs["100"]["bytes_stored"] > 5 * ours["100"]["bytes_stored"]
     assert report["targets"]["turn_bytes_cheaper_at_1000"]["met"] is None  # not run
+    # Tool-calling turns: the prebuilt agents on Shadowpod, side by side with the
+    # DeltaChannel graph on LangGraph's own SQLite saver.
+    tools = report["tool_turns"]
+    assert set(tools) == {
+        "shadowpod_create_react_agent",
+        "shadowpod_create_agent",
+        "shadowpod_custom_graph",
+        "langgraph_sqlite_delta_channel",
+    }
+    assert all(set(column["by_turns"]) == {"10", "100"} for column in tools.values())
+    react = tools["shadowpod_create_react_agent"]["by_turns"]
+    assert react["100"]["one_more_turn_bytes"] < 2 * react["10"]["one_more_turn_bytes"]
+    assert report["targets"]["tool_turn_bytes_vs_delta_channel"]["at_turns"] == 100
     assert report["machine"]["cpus"] >= 1

@@ -217,6 +217,8 @@ def test_a_port_in_use(tmp_path: Path, token_file: Path) -> None:
         f"error: cannot listen on 127.0.0.1:{port}: another process is listening there; "
         "stop it or choose another --port"
     )
+    # Its log never said it was ready: it was not.
+    assert "gateway ready" not in result.stderr
 
 
 def _unprivileged_port_start() -> int:
@@ -292,3 +294,70 @@ def test_the_demo_says_why_an_agent_could_not_start(tmp_path: Path) -> None:
     assert line.startswith("error: the demo could not run: instance 'demo-v1' exited with code 2")
     assert f"can't open file '{tmp_path}/no-examples/01-reference-agent/refagent.py'" in line
     assert line.endswith("(run it with --workdir DIR to keep its logs)")
+
+
+@pytest.mark.skipif(
+    os.geteuid() == 0 and shutil.which("setpriv") is None,
+    reason="as root every directory is writable; needs setpriv to drop root's capabilities",
+)
+@pytest.mark.parametrize("command", ["up", "demo"])
+def test_a_workdir_this_user_may_not_write(tmp_path: Path, command: str) -> None:
+    """Said before anything starts, not as a failure whose logs are 'in' that directory."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    result = shadowpod(command, "--workdir", str(locked), unprivileged=os.geteuid() == 0)
+    assert result.returncode == 2
+    assert error_line(result) == (
+        f"error: cannot write in --workdir {locked} (Permission denied): choose a directory "
+        "this user may write in, or fix its permissions"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "says"),
+    [
+        ({"KUBECONFIG": "/nonexistent/kubeconfig"}, "no kubeconfig at /nonexistent/kubeconfig"),
+        ({"HOME": "/nonexistent"}, "no kubeconfig at ~/.kube/config"),
+    ],
+    ids=["KUBECONFIG", "none"],
+)
+def test_kubectl_without_a_kubeconfig(env: dict[str, str], says: str) -> None:
+    keep = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+    result = subprocess.run(
+        [sys.executable, "-m", "shadowpod", "kubectl", "status"],
+        env={**keep, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 3
+    assert error_line(result) == (
+        f"error: {says}: give one with --kubeconfig or KUBECONFIG (kubectl's own works), "
+        "and --context to pick a context"
+    )
+
+
+def test_a_kubeconfig_that_names_no_cluster(tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nkind: Config\n")
+    result = shadowpod("kubectl", "--kubeconfig", str(kubeconfig), "status")
+    assert result.returncode == 3
+    assert error_line(result).startswith(f"error: no usable kubeconfig ({kubeconfig}: ")
+
+
+def test_an_agent_run_by_hand_says_how_to_run_it() -> None:
+    refagent = Path(__file__).parents[2] / "examples" / "01-reference-agent" / "refagent.py"
+    keep = {k: v for k, v in os.environ.items() if not k.startswith("SHADOWPOD_")}
+    result = subprocess.run(
+        [sys.executable, str(refagent), "--version", "1"],
+        env=keep,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    line = error_line(result)
+    assert line.startswith("error: this is a Shadowpod agent: Shadowpod starts it")
+    assert "`shadowpod up --images MAP --image NAME`" in line

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,9 @@ import pytest
 import yaml
 
 from shadowpod.client.gateway import GatewayClient
+from shadowpod.local.gateway_process import free_port
 from shadowpod.local.load import ClientLoad
+from tests.agent.support import post, replies_to, wait_answered
 from tests.cli.test_cli import shadowpod
 
 REFAGENT = Path(__file__).parents[2] / "examples" / "01-reference-agent" / "refagent.py"
@@ -48,31 +51,43 @@ def _map(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture
-def deployment(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
-    workdir = tmp_path / "w"
-    output = (tmp_path / "up.out").open("w")
-    up = [sys.executable, "-m", "shadowpod", "up", "--workdir", str(workdir),
-          "--images", str(_map(tmp_path)), "--session", "chat"]  # fmt: skip
-    # As a shell starts a background job: SIGINT ignored (``up`` must still stop on it).
+def _start(tmp_path: Path, workdir: Path, *args: str) -> subprocess.Popen[str]:
+    """`shadowpod up` as a shell starts a background job (SIGINT ignored: ``up`` must
+    still stop on it), once it serves."""
+    output = (tmp_path / "up.out").open("a")
+    up = [sys.executable, "-m", "shadowpod", "up", "--workdir", str(workdir), *args]
     process = subprocess.Popen(
         ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *up],
         stdout=output,
         stderr=subprocess.STDOUT,
         text=True,
     )  # fmt: skip
+    output.close()
     deadline = time.monotonic() + 60
-    while not (workdir / "up.json").exists():
+    while _serving_pid(workdir) != process.pid:  # not a killed one's up.json
         assert process.poll() is None, (tmp_path / "up.out").read_text()
         assert time.monotonic() < deadline, "shadowpod up did not start"
         time.sleep(0.05)
+    return process
+
+
+def _serving_pid(workdir: Path) -> int | None:
+    try:
+        return int(json.loads((workdir / "up.json").read_text())["pid"])
+    except (OSError, ValueError):
+        return None
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    workdir = tmp_path / "w"
+    process = _start(tmp_path, workdir, "--images", str(_map(tmp_path)), "--session", "chat")
     try:
         yield workdir, process
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-        output.close()
 
 
 def _agent_pids(workdir: Path) -> list[int]:
@@ -185,10 +200,11 @@ def test_up_refuses_a_used_workdir(tmp_path: Path) -> None:
     assert os.listdir(tmp_path) == ["old.txt"]
 
 
-def test_a_killed_up_is_said_so_by_migrate_and_up(
-    deployment: tuple[Path, subprocess.Popen[str]],
+def test_a_killed_up_is_said_so_by_migrate_and_resumed_by_up(
+    deployment: tuple[Path, subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     workdir, process = deployment
+    assert _ask(workdir, "my name is Ada").startswith("[v1]")
     process.kill()  # SIGKILL: no clean-up, its files stay ...
     process.wait()
     deadline = time.monotonic() + 10
@@ -198,6 +214,97 @@ def test_a_killed_up_is_said_so_by_migrate_and_up(
     moved = shadowpod("migrate", "--workdir", str(workdir), "--to", "refagent:v2")
     assert moved.returncode == 2
     assert "does not answer" in moved.stderr and "is `shadowpod up` still running?" in moved.stderr
-    again = shadowpod("up", "--workdir", str(workdir))
-    assert again.returncode == 2
-    assert "whose `shadowpod up` was killed" in again.stderr
+    again = _start(tmp_path, workdir)
+    try:
+        assert "Ada" in _ask(workdir, "what is my name?")
+        assert (
+            "resumed on refagent:v1 from its journal (epoch 1 → 2)"
+            in (tmp_path / "up.out").read_text()
+        )
+    finally:
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(timeout=60) == 0
+
+
+def test_up_again_resumes_the_session_where_it_was(
+    deployment: tuple[Path, subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    """Stopped and started again on its directory, the session is the same session:
+    its memory, its turn count, its image after a migration, its URL."""
+    workdir, process = deployment
+    before = json.loads((workdir / "up.json").read_text())
+    assert _ask(workdir, "my name is Ada").startswith("[v1]")
+    assert shadowpod("migrate", "--workdir", str(workdir), "--to", "refagent:v2").returncode == 0
+    counted = _ask(workdir, "how many?")
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    assert not (workdir / "up.json").exists()
+
+    again = _start(tmp_path, workdir)  # no --images: the deployment's own map
+    try:
+        after = json.loads((workdir / "up.json").read_text())
+        assert after["gateway"] == before["gateway"]
+        [session] = after["sessions"]
+        assert (session["session"], session["image"]) == ("chat", "refagent:v2")
+        reply = _ask(workdir, "what is my name?")
+        assert reply.startswith("v2") and "Ada" in reply, reply
+        assert _turn(_ask(workdir, "and now?")) == _turn(counted) + 2
+        # And it still moves.
+        moved = shadowpod("migrate", "--workdir", str(workdir), "--to", "refagent:v2-b")
+        assert moved.returncode == 0, moved.stderr
+    finally:
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(timeout=60) == 0
+    assert _agent_pids(workdir) == []
+
+
+def test_a_first_start_that_fails_leaves_nothing_behind(tmp_path: Path) -> None:
+    images = str(_map(tmp_path))
+    fresh = tmp_path / "fresh"
+    result = shadowpod("up", "--workdir", str(fresh), "--images", images, "--image", "broken:v3")
+    assert result.returncode == 2
+    assert "no model weights found" in result.stderr
+    assert f"nothing was left in {fresh}" in result.stderr
+    assert not fresh.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = shadowpod("up", "--workdir", str(empty), "--images", images, "--image", "broken:v3")
+    assert result.returncode == 2
+    assert os.listdir(empty) == []
+    assert _agent_pids(fresh) == _agent_pids(empty) == []
+
+
+def _ask(workdir: Path, content: str) -> str:
+    """Say ``content`` to the deployment's session, as a client does; its reply."""
+
+    facts = json.loads((workdir / "up.json").read_text())
+    [session] = facts["sessions"]
+    token = Path(facts["control_token_file"]).read_text().strip()
+
+    async def ask() -> str:
+        async with GatewayClient(facts["gateway"], token) as admin:
+            seq = await post(admin, content, session["session"])
+            entries = await wait_answered(admin, [seq], session["session"])
+        [reply] = replies_to(entries, seq)
+        return str(reply.payload["content"])
+
+    return asyncio.run(ask())
+
+
+def _turn(reply: str) -> int:
+    """The reference agent's turn count: "[v1] #7 …" or "v2 > turn 7: …"."""
+    found = re.search(r"(?:#|turn )(\d+)", reply)
+    assert found, reply
+    return int(found.group(1))
+
+
+def test_up_serves_on_the_port_given(tmp_path: Path) -> None:
+    port = free_port()
+    workdir = tmp_path / "w"
+    process = _start(tmp_path, workdir, "--images", str(_map(tmp_path)), "--port", str(port))
+    try:
+        assert json.loads((workdir / "up.json").read_text())["gateway"].endswith(f":{port}")
+        assert _ask(workdir, "hello").startswith("[v1]")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0

@@ -110,16 +110,17 @@ async def test_snapshots_have_their_own_larger_limit(
     small = await start_gateway(max_body_bytes=2048, max_snapshot_bytes=64 * 1024)
     async with GatewayClient(small.url, CONTROL) as control:
         token = (await control.create_session(CreateSession(session="s"))).agent_token
-        await control.post_message("s", "hello")  # seq 1: something to snapshot
+        await control.set_ownership("s", OwnershipChange(expect_epoch=0, epoch=1, owner="pod-a"))
+        await control.post_message("s", "hello")  # seq 2: something to snapshot
 
     async def put(size: int) -> Reply:
         return await call(
             http,
             "PUT",
-            f"{small.url}/v1/sessions/s/snapshots/1",
+            f"{small.url}/v1/sessions/s/snapshots/2",
             token=token,
-            params={"schema_version": 3},
-            json={"memory": {"blob": "x" * size}},
+            params={"schema_version": 3, "epoch": 1},
+            json={"watermark": 2, "memory": {"blob": "x" * size}},
         )
 
     stored = await put(8 * 1024)

@@ -8,7 +8,7 @@ import time
 import aiohttp
 import pytest
 
-from shadowpod.api.models import FenceRequest
+from shadowpod.api.models import FenceRequest, OwnershipChange
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from tests.gateway.conftest import CONTROL, Session, ack, call, reply
 
@@ -171,3 +171,25 @@ async def test_a_fence_of_another_epoch_is_409_epoch_conflict_and_changes_nothin
     )
     assert invalid.status == 400
     assert sorted(invalid.locs) == ["new_owner", "timeout_s"]
+
+
+async def test_a_fence_at_the_last_epoch_is_a_400_saying_so_not_a_500(
+    http: aiohttp.ClientSession, url: str, control: GatewayClient, session: Session
+) -> None:
+    last = 2**63 - 1
+    await control.set_ownership(
+        session.name, OwnershipChange(expect_epoch=0, epoch=last, owner="pod-a")
+    )
+    fenced = await call(
+        http,
+        "POST",
+        f"{url}/v1/sessions/{session.name}/fence",
+        token=CONTROL,
+        json={"expect_epoch": last, "new_owner": "pod-b", "timeout_s": 1},
+    )
+    assert (fenced.status, fenced.reason) == (400, "InvalidRequest"), fenced.text
+    assert fenced.locs == ["expect_epoch"]
+    ownership = await call(
+        http, "GET", f"{url}/v1/sessions/{session.name}/ownership", token=CONTROL
+    )
+    assert ownership.json["epoch"] == last

@@ -38,7 +38,8 @@ BOUNDED: Final[list[tuple[type[BaseModel], dict[str, Any], str, int, int]]] = [
     (models.AckRequest, {"epoch": 1}, "turn", 1, INT64_MAX),
     (models.OwnershipChange, {"epoch": 1, "owner": "a"}, "expect_epoch", 0, INT64_MAX),
     (models.OwnershipChange, {"expect_epoch": 0, "owner": "a"}, "epoch", 1, INT64_MAX),
-    (models.FenceRequest, {"new_owner": "a"}, "expect_epoch", 1, INT64_MAX),
+    # A fence moves the session to expect_epoch + 1, which must be an epoch too.
+    (models.FenceRequest, {"new_owner": "a"}, "expect_epoch", 1, INT64_MAX - 1),
     (models.UnfenceRequest, {}, "expect_epoch", 0, INT64_MAX),
     (models.DrainReport, {"instance": "a"}, "epoch", 1, INT64_MAX),
     (models.ProcessReport, {"name": "p", "outcome": "exited"}, "pid", 1, INT32_MAX),

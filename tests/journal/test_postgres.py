@@ -8,11 +8,12 @@ import json
 import psycopg
 import pytest
 
+from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.errors import SchemaTooNew
 from shadowpod.domain.ownership import Ownership
 from shadowpod.journal.errors import StoreUnavailable
 from shadowpod.journal.postgres.store import PostgresJournalStore
-from shadowpod.journal.store import JournalStore
+from shadowpod.journal.store import JournalStore, Writer
 from tests.conftest import PG_DSN
 from tests.journal.test_processes import _output, _spawn
 
@@ -61,7 +62,7 @@ async def test_a_database_written_by_a_newer_shadowpod_is_refused(store: Journal
     with psycopg.connect(PG_DSN, autocommit=True) as conn:
         conn.execute(f"UPDATE {store.schema}.meta SET value = '7' WHERE key = 'schema_version'")
     newer = PostgresJournalStore(PG_DSN, schema=store.schema)
-    with pytest.raises(SchemaTooNew, match="journal database has schema v7.*up to v1"):
+    with pytest.raises(SchemaTooNew, match="journal database has schema v7.*up to v2"):
         await newer.open()
 
 
@@ -89,3 +90,29 @@ async def test_several_stores_may_create_the_schema_at_once(store: JournalStore)
 def test_schema_names_are_checked(backend: str) -> None:
     with pytest.raises(ValueError, match="invalid PostgreSQL schema name"):
         PostgresJournalStore(PG_DSN, schema="x; DROP TABLE y")
+
+
+async def test_a_version_1_database_is_brought_up_with_its_ids_kept_per_writer(
+    store: JournalStore,
+) -> None:
+    assert isinstance(store, PostgresJournalStore)
+    await store.create_session("s")
+    await store.append(
+        "s", [NewEntry(id="m-1", kind="message", payload={"role": "user", "content": "hi"})]
+    )
+    s = store.schema
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:  # as version 1 left it
+        conn.execute(f"ALTER TABLE {s}.entries DROP COLUMN scope")
+        conn.execute(f"ALTER TABLE {s}.entries ADD CONSTRAINT entries_sid_id_key UNIQUE (sid, id)")
+        conn.execute(f"UPDATE {s}.meta SET value = '1' WHERE key = 'schema_version'")
+    async with PostgresJournalStore(PG_DSN, schema=s) as upgraded:
+        message = NewEntry(id="m-1", kind="message", payload={"role": "user", "content": "hi"})
+        [again] = await upgraded.append("s", [message], writer=Writer.CLIENT)
+        assert (again.seq, again.duplicate) == (1, True)
+        [other] = await upgraded.append(
+            "s", [NewEntry(id="m-1", kind="message", payload={"role": "system", "content": "x"})]
+        )
+        assert not other.duplicate
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        version = conn.execute(f"SELECT value FROM {s}.meta WHERE key = 'schema_version'")
+        assert version.fetchone() == ("2",)

@@ -19,6 +19,7 @@ from shadowpod.journal.factory import store_from_url
 from shadowpod.journal.postgres.store import PostgresJournalStore
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
+from shadowpod.journal.store import Writer
 
 
 async def test_the_database_is_in_wal_mode_with_full_sync(tmp_path: Path) -> None:
@@ -36,7 +37,7 @@ async def test_a_database_written_by_a_newer_shadowpod_is_refused(tmp_path: Path
     conn.execute("UPDATE shadowpod_meta SET value = '9' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
-    with pytest.raises(SchemaTooNew, match="journal database has schema v9.*up to v1"):
+    with pytest.raises(SchemaTooNew, match="journal database has schema v9.*up to v2"):
         await SQLiteJournalStore(tmp_path / "j.db").open()
 
 
@@ -211,3 +212,32 @@ async def test_a_failure_after_a_commit_does_not_stop_the_writer(tmp_path: Path)
         with contextlib.suppress(TimeoutError):  # a writer that stopped never gets idle
             await asyncio.wait_for(writer.stop(), 5)
     assert (batch, later) == (["b1", "g1", "g2"], "g3")
+
+
+async def test_a_version_1_database_is_brought_up_with_its_ids_kept_per_writer(
+    tmp_path: Path,
+) -> None:
+    async with SQLiteJournalStore(tmp_path / "j.db") as store:
+        await store.create_session("s")
+        await store.append(
+            "s", [NewEntry(id="m-1", kind="message", payload={"role": "user", "content": "hi"})]
+        )
+    conn = sqlite3.connect(tmp_path / "j.db")  # as version 1 left it: one id namespace
+    conn.executescript(
+        "DROP INDEX entries_by_scoped_id; ALTER TABLE entries DROP COLUMN scope;"
+        "CREATE UNIQUE INDEX entries_by_id ON entries (id, sid);"
+        "UPDATE shadowpod_meta SET value = '1' WHERE key = 'schema_version';"
+    )
+    conn.close()
+    async with SQLiteJournalStore(tmp_path / "j.db") as store:
+        message = NewEntry(id="m-1", kind="message", payload={"role": "user", "content": "hi"})
+        [again] = await store.append("s", [message], writer=Writer.CLIENT)
+        assert (again.seq, again.duplicate) == (1, True)
+        [other] = await store.append(
+            "s", [NewEntry(id="m-1", kind="message", payload={"role": "system", "content": "x"})]
+        )
+        assert not other.duplicate
+    conn = sqlite3.connect(tmp_path / "j.db")
+    version = conn.execute("SELECT value FROM shadowpod_meta WHERE key = 'schema_version'")
+    assert version.fetchone()[0] == "2"
+    conn.close()

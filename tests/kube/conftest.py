@@ -83,7 +83,8 @@ async def widgets(api: client.ApiClient, namespace: str) -> Widgets:
 
 
 def local_images() -> ImageMap:
-    """The reference agents (``refagent:v1`` …), ``python:local`` (this interpreter) and
+    """The reference agents (``refagent:v1`` …, also as ``shadowpod-refagent:v1``, :v2),
+    ``python:local`` (this interpreter) and
     ``sleeper:local`` (a process that does nothing for an hour)."""
     images = dict(reference_images().images)
     extra = ImageMap.from_data(
@@ -98,6 +99,10 @@ def local_images() -> ImageMap:
         }
     )
     images.update(extra.images)
+    # The names `make image` gives the reference agent's images, which
+    # examples/02-kubernetes uses (as on a real cluster).
+    for version in ("v1", "v2"):
+        images[f"shadowpod-refagent:{version}"] = images[f"refagent:{version}"]
     return ImageMap(images=images)
 
 

@@ -189,3 +189,37 @@ async def test_a_secret_folds_string_data_into_data(api: client.ApiClient, names
     )
     secret = await core.read_namespaced_secret("s", namespace)
     assert secret.data == {"token": "YWJj"} and secret.string_data is None
+
+
+async def test_an_event_with_an_event_time_must_say_who_reported_it_and_what_was_done(
+    api: client.ApiClient, namespace: str
+) -> None:
+    """A real API server refuses (422) an Event that has an eventTime and lacks its
+    reportingInstance or action; a legacy Event (no eventTime) needs neither. The
+    emulator stored both, and hid that every event of the operator was refused."""
+    core = client.CoreV1Api(api)
+    event: dict[str, object] = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": "e1"},
+        "involvedObject": {"kind": "Pod", "name": "p", "namespace": namespace},
+        "reason": "Tested",
+        "message": "a test",
+        "type": "Normal",
+        "eventTime": "2026-11-27T02:00:00.000000Z",
+        "reportingComponent": "tests",
+    }
+    with pytest.raises(ApiException) as caught:
+        await core.create_namespaced_event(namespace, event)
+    assert caught.value.status == 422
+    assert "reportingInstance" in caught.value.body and "action" in caught.value.body
+
+    event["reportingInstance"], event["action"] = "tests-1", "Test"
+    await core.create_namespaced_event(namespace, event)
+    legacy = {
+        key: value
+        for key, value in event.items()
+        if key not in ("eventTime", "reportingComponent", "reportingInstance", "action")
+    }
+    legacy["metadata"] = {"name": "e2"}
+    await core.create_namespaced_event(namespace, legacy)

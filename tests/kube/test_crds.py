@@ -381,3 +381,29 @@ def test_what_a_crd_cannot_express_is_refused_when_generating() -> None:
         structural_schema(Union)
     with pytest.raises(SchemaConversionError, match="'exclusiveMinimum' is not carried"):
         structural_schema(Exclusive)
+
+
+def _object_defaults(node: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any], Any]]:
+    """Every object schema with a default, with that default (depth first)."""
+    found = []
+    if isinstance(node.get("default"), dict) and "properties" in node:
+        found.append((path, node, node["default"]))
+    for name, child in (node.get("properties") or {}).items():
+        found += _object_defaults(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        found += _object_defaults(node["items"], f"{path}[]")
+    return found
+
+
+@pytest.mark.parametrize("resource", RESOURCES, ids=lambda r: r.__name__)
+def test_an_object_default_holds_the_defaults_of_its_fields(resource: Any) -> None:
+    """A real API server checks a default as written, CEL rules included, without
+    filling in the defaults nested in it: `default: {}` on spec.migration failed every
+    rule reading one of its fields ("no such key: fenceTimeoutSeconds") and the CRD was
+    refused, so `helm install` failed on a real cluster."""
+    crd = custom_resource_definition(resource)
+    schema = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node, default in _object_defaults(schema, "openAPIV3Schema"):
+        for name, field in node["properties"].items():
+            if "default" in field:
+                assert default.get(name) == field["default"], f"{path}.default.{name}"

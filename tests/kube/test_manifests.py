@@ -119,3 +119,24 @@ async def _replies(
 async def _evict(core: client.CoreV1Api, pod: str) -> None:
     body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}}
     await core.create_namespaced_pod_eviction(pod, NAMESPACE, body)
+
+
+def test_the_agents_identity_and_credentials_are_readable_by_a_non_root_user() -> None:
+    """The kubelet writes these files as root; the agent runs as its image's user
+    (65532 in the reference agent's image). At 0400 the agent could not read its own
+    session id and exited (PermissionError) on a real node."""
+    session = AgentSession.model_validate(
+        {**yaml.safe_load(EXAMPLE.read_text()), "metadata": {"name": "ada", "uid": "u1"}}
+    )
+    pod = manifests.agent_pod(
+        session, instance="ada-x1", gateway_session="default.ada", mode="owner", epoch=1
+    )
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    modes = {
+        "identity": volumes["identity"]["projected"]["defaultMode"],
+        "credential-0": volumes["credential-0"]["secret"]["defaultMode"],
+    }
+    assert {name: mode & 0o004 for name, mode in modes.items()} == {
+        "identity": 0o004,
+        "credential-0": 0o004,
+    }, {name: oct(mode) for name, mode in modes.items()}

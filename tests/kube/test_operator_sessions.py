@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -260,3 +261,23 @@ async def test_a_bad_manifest_the_api_admits_is_a_condition_and_an_event(
     warnings = [(r, m) for t, r, m in await world.events("bad") if t == "Warning"]
     assert [r for r, _ in warnings] == [reason]  # said once, not on every pass
     assert await world.pods("bad") == []
+
+
+async def test_the_operators_events_carry_what_a_real_api_server_requires(world: World) -> None:
+    """An Event with an eventTime must name its reportingComponent, reportingInstance and
+    action, or a real API server refuses it (422; the emulator stored it): every event
+    of the operator was lost on a real cluster."""
+    manifest = session_manifest("bad-image")
+    manifest["spec"]["image"] = "Registry/RefAgent:v1"
+    await world.apply(manifest)
+
+    async def posted() -> list[dict[str, Any]]:
+        listed = await world.raw.list(world.path("events"))
+        return [e for e in listed if e["involvedObject"]["name"] == "bad-image"]
+
+    events = await eventually(posted, timeout=30)
+    for event in events:
+        assert event.get("eventTime"), event
+        assert event.get("reportingComponent") and event.get("reportingInstance"), event
+        assert event.get("action"), event
+        assert len(event["reportingInstance"]) <= 128 and len(event["action"]) <= 128

@@ -94,3 +94,12 @@ app.kubernetes.io/managed-by: shadowpod-operator
 {{- fail "gateway.journal.backend is postgresql but gateway.journal.postgresql.existingSecret is empty: create a Secret with the journal URL (postgresql://user:password@host/db) under the key gateway.journal.postgresql.key and name it there" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+A histogram bucket bound as Prometheus' client libraries write it in an `le` label:
+1 → "1.0", 0.25 → "0.25".
+*/}}
+{{- define "shadowpod.leLabel" -}}
+{{- $bound := float64 . -}}
+{{- if eq $bound (floor $bound) -}}{{ printf "%.1f" $bound }}{{- else -}}{{ $bound }}{{- end -}}
+{{- end -}}

@@ -14,5 +14,15 @@ agent.run()
 from shadowpod.agent.app import Agent
 from shadowpod.agent.identity import SessionIdentity
 from shadowpod.agent.turn import OwnerContext, ToolAbandoned, ToolFailed, Turn
+from shadowpod.agent.values import DetachedState, StateWriter
 
-__all__ = ["Agent", "OwnerContext", "SessionIdentity", "ToolAbandoned", "ToolFailed", "Turn"]
+__all__ = [
+    "Agent",
+    "DetachedState",
+    "OwnerContext",
+    "SessionIdentity",
+    "StateWriter",
+    "ToolAbandoned",
+    "ToolFailed",
+    "Turn",
+]

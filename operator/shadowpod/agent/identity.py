@@ -6,7 +6,9 @@ API) are what tell it who it is now. So identity is re-read from ``identity_dir`
 every reconnect, never only remembered.
 
 Files: ``session``, ``instance``, ``gateway`` (base URL) and ``token`` (the
-session's agent token); optionally ``agent-name`` and ``agent-principles`` (a JSON
+session's agent token); ``owner-credential``, this instance's owner credential (what
+lets it write as owner at the epochs it is named owner at; minted by whoever started
+it); optionally ``agent-name`` and ``agent-principles`` (a JSON
 list of strings: the session's identity, ``AgentSession.spec.identity``, which the
 persona check's re-anchor hook receives), and ``environment.json``, a JSON object of the
 environment variables of the place this instance is in (its listen address, its
@@ -24,6 +26,7 @@ from pathlib import Path
 ENVIRONMENT_FILE = "environment.json"
 AGENT_NAME_FILE = "agent-name"
 PRINCIPLES_FILE = "agent-principles"
+OWNER_CREDENTIAL_FILE = "owner-credential"
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,14 @@ class Identity:
     instance: str
     gateway: str
     token: str
+    owner_credential: str | None = None
+
+    @property
+    def owner(self) -> tuple[str, str] | None:
+        """What the instance presents on owner routes, if it was given a credential."""
+        if self.owner_credential is None:
+            return None
+        return self.instance, self.owner_credential
 
     @classmethod
     def load(cls, directory: Path) -> Identity:
@@ -73,7 +84,11 @@ class Identity:
                 ) from None
             if not values[name]:
                 raise ValueError(f"identity file {path} is empty")
-        return cls(**values)
+        try:
+            credential = (directory / OWNER_CREDENTIAL_FILE).read_text().strip() or None
+        except FileNotFoundError:
+            credential = None
+        return cls(**values, owner_credential=credential)
 
     @staticmethod
     def environment(directory: Path) -> dict[str, str]:
@@ -99,6 +114,7 @@ class Identity:
         instance: str,
         gateway: str,
         token: str,
+        owner_credential: str | None = None,
         environment: Mapping[str, str] | None = None,
         agent_name: str | None = None,
         principles: Sequence[str] | None = None,
@@ -106,6 +122,8 @@ class Identity:
         directory.mkdir(parents=True, exist_ok=True)
         files = [("session", session), ("instance", instance), ("gateway", gateway)]
         files.append(("token", token))
+        if owner_credential is not None:
+            files.append((OWNER_CREDENTIAL_FILE, owner_credential))
         if agent_name is not None:
             files.append((AGENT_NAME_FILE, agent_name))
         if principles is not None:

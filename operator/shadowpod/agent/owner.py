@@ -358,6 +358,7 @@ async def take_turn(
         append=group.append,
         processes=processes,
         replaces_values=migrated,
+        version=agent.version,
     )
     assert agent.message_handler is not None
     try:

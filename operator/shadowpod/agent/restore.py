@@ -15,6 +15,7 @@ from shadowpod.agent.declaration import AgentDeclaration
 from shadowpod.agent.promotion import CatchUp
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.entries import JournalEntry
+from shadowpod.domain.errors import StateDocumentInvalid
 from shadowpod.domain.state import SessionState
 from shadowpod.journal.codec import load_state_json
 
@@ -31,6 +32,14 @@ async def restore(
     state when there is none yet), checked readable by ``agent``."""
     snapshot = await client.snapshot_document(session, watermark)
     state = SessionState() if snapshot is None else load_state_json(snapshot.document_json)
+    if snapshot is not None and state.watermark != snapshot.watermark:
+        # A document labelled with another watermark than the one it was folded to (a
+        # relabelled older state): the journal after the label would be skipped.
+        raise StateDocumentInvalid(
+            f"session {session!r}: the snapshot stored at watermark {snapshot.watermark} "
+            f"is the state at watermark {state.watermark}; refusing to restore it (delete "
+            "it, or restore from an older snapshot: the journal has what followed)"
+        )
     if state.agent.values:
         # Fail now, before claiming readiness, if we cannot read the agent's state.
         agent.migrate_state(dict(state.agent.values), state.agent.schema_version)

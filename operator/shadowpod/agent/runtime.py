@@ -141,7 +141,9 @@ class AgentRuntime(OwnerLoop):
     @property
     def client(self) -> GatewayClient:
         if self._client is None:
-            self._client = GatewayClient(self.identity.gateway, self.identity.token)
+            self._client = GatewayClient(
+                self.identity.gateway, self.identity.token, owner=self.identity.owner
+            )
         return self._client
 
     async def reconnect(self) -> None:
@@ -463,6 +465,7 @@ class AgentRuntime(OwnerLoop):
     async def _store_snapshot(self, view: SessionState, document: bytes) -> None:
         await self.client.put_snapshot(
             self.session,
+            epoch=self.epoch,
             watermark=view.watermark,
             schema_version=view.schema_version,
             document_json=document,

@@ -54,6 +54,15 @@ class AgentSettings(BaseModel):
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> AgentSettings:
         env = os.environ if env is None else env
+        if not any(name.startswith("SHADOWPOD_") for name in env):
+            # Run by hand (python agent.py): nothing of what Shadowpod gives an agent.
+            raise ValueError(
+                "this is a Shadowpod agent: Shadowpod starts it, with the session, gateway "
+                "and identity in its environment (SHADOWPOD_*). Run it with `shadowpod up "
+                "--images MAP --image NAME` or `shadowpod demo --images MAP --from A --to B` "
+                "(MAP names this file's command; docs/local-runtime.md), or in a pod the "
+                "operator creates"
+            )
         if "SHADOWPOD_IDENTITY_DIR" not in env:
             raise ValueError(
                 "SHADOWPOD_IDENTITY_DIR is not set: point it at the agent's identity files"

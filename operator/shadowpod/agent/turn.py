@@ -19,6 +19,7 @@ from pydantic import JsonValue
 
 from shadowpod.agent.appends import fitting_id
 from shadowpod.agent.tools import ToolSpec
+from shadowpod.agent.values import changed_in_place, contents, state_path
 from shadowpod.domain.deltas import Owned, apply_ops, diff
 from shadowpod.domain.entries import NewEntry
 from shadowpod.domain.payloads import (
@@ -154,6 +155,7 @@ class Turn(OwnerContext):
         append: Append,
         processes: ProcessRegistry,
         replaces_values: bool = False,
+        version: str = "",
     ) -> None:
         super().__init__(
             state=state,
@@ -164,6 +166,7 @@ class Turn(OwnerContext):
             turn=inbound.seq,
         )
         self.inbound = inbound
+        self.version = version  # the agent's (``Agent(version=...)``): replies say it
         self._tools = tools
         self._state_schema = state_schema
         # The agent's own state, to change. Its containers are shared with the session's
@@ -182,6 +185,10 @@ class Turn(OwnerContext):
         # Values migrated to this agent's schema for the turn must replace the stored
         # ones whole: a partial update would mix two schemas.
         self._values_before: dict[str, JsonValue] | None = None if replaces_values else dict(values)
+        # What each value held as the turn began, by content: one changed in place
+        # (``values["memo"]["n"] += 1``) is then journaled whole, not lost (the owner
+        # would hold it, the journal not).
+        self._contents_before = {} if replaces_values else contents(values)
         self._memory: dict[str, object] = {}
         self._facts: dict[str, object] = {}
         self._tool_calls = 0
@@ -340,19 +347,25 @@ class Turn(OwnerContext):
         )
         await self._append([*self.take_outputs(), entry])
 
+    def shared(self, key: str) -> Any:
+        """The value at ``key`` as the session's state holds it, not copied — for code
+        that changes it only with ``append`` / ``set`` / ``delete`` (a framework's
+        checkpointer): it must never change it in place."""
+        return dict.get(self.values, key)
+
     def append(self, path: str | Sequence[StateKey], *items: object) -> None:
         """Add ``items`` at the end of the list at ``path`` (a key of ``values``, or a
         path into them), made if missing. Journaled as an append of the items alone."""
-        self._change(StateOp(op=StateOpKind.APPEND, path=_path(path), items=list(items)))
+        self._change(StateOp(op=StateOpKind.APPEND, path=state_path(path), items=list(items)))
 
     def set(self, path: str | Sequence[StateKey], value: object) -> None:
         """Set ``value`` at ``path`` (keys of objects, indexes of lists). Values are
         checked to be JSON here, so what a serializer returns needs no cast."""
-        self._change(StateOp(op=StateOpKind.SET, path=_path(path), value=value))
+        self._change(StateOp(op=StateOpKind.SET, path=state_path(path), value=value))
 
     def delete(self, path: str | Sequence[StateKey]) -> None:
         """Remove the key (or list item) at ``path``; nothing if it is not there."""
-        self._change(StateOp(op=StateOpKind.DELETE, path=_path(path)))
+        self._change(StateOp(op=StateOpKind.DELETE, path=state_path(path)))
 
     def _change(self, op: StateOp) -> None:
         # Copy-on-write, as the reducer: the containers on the path are copied once per
@@ -385,6 +398,7 @@ class Turn(OwnerContext):
         self._state_saves += 1
         self._outputs.append(entry)
         self._values_before = dict(self.values)
+        self._contents_before = contents(self.values)
         self._owned = {}  # the containers of ``values`` are now shared with what was saved
         self._ops, self._op_roots = [], {}
 
@@ -410,11 +424,21 @@ class Turn(OwnerContext):
         # assigned since, too) by comparing what it held before and holds now.
         by_ops = {k for k, root in self._op_roots.items() if self.values.get(k, _DELETED) is root}
         explicit = [op for op in self._ops if op.path[0] in by_ops]
+        # A value changed in place is set whole: its old content is gone, and ops made
+        # against it would be applied twice to the owner's own (already changed) state.
+        in_place = changed_in_place(before, self._contents_before) - by_ops
+        whole = [
+            StateOp(op=StateOpKind.SET, path=[k], value=self.values[k])
+            if k in self.values
+            else StateOp(op=StateOpKind.DELETE, path=[k])
+            for k in sorted(in_place)
+        ]
+        skip = by_ops | in_place
         rest = diff(
-            {k: v for k, v in before.items() if k not in by_ops},
-            {k: v for k, v in self.values.items() if k not in by_ops},
+            {k: v for k, v in before.items() if k not in skip},
+            {k: v for k, v in self.values.items() if k not in skip},
         )
-        ops = None if rest is None else [*explicit, *rest]
+        ops = None if rest is None else [*explicit, *whole, *rest]
         if ops == []:
             return None
         if ops is not None and len(ops) > MAX_STATE_OPS:
@@ -426,7 +450,3 @@ class Turn(OwnerContext):
             else StatePayload(ops=ops, schema_version=schema, turn=self.seq)
         )
         return NewEntry.of(payload, id=entry_id)
-
-
-def _path(path: str | Sequence[StateKey]) -> list[StateKey]:
-    return [path] if isinstance(path, str) else list(path)

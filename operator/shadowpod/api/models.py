@@ -10,7 +10,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict
 
-from shadowpod.domain.bounds import EntrySeq, Epoch, OwnerEpoch, Seq
+from shadowpod.domain.bounds import INT64_MAX, EntrySeq, Epoch, OwnerEpoch, Seq
 from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
 from shadowpod.domain.ownership import Ownership
 from shadowpod.domain.payloads import (
@@ -194,6 +194,33 @@ class CreateSession(_Body):
         " operator writes it to a Secret first, so a crash between the two loses nothing);"
         " unset: the gateway makes the token and returns it once.",
     )
+    owner_key: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        description="The session's owner key (hex), made and kept by the caller, who"
+        " then derives each instance's owner credential itself (sessions.tokens."
+        "owner_credential) and needs no gateway to start one; implies owner_credentials.",
+    )
+    owner_credentials: bool = Field(
+        default=False,
+        description="true: owner writes need the credential of the instance the"
+        " ownership record names at the epoch (minted by POST .../owner-credentials for"
+        " each instance started), so an owner fenced out cannot write at a later epoch"
+        " with the session's agent token. false: the epoch alone is checked.",
+    )
+
+
+class OwnerCredentialRequest(_Body):
+    instance: OwnerName = Field(description="The instance (pod) the credential is for.")
+
+
+class OwnerCredential(_Body):
+    instance: str
+    credential: str = Field(
+        description="What the instance presents on the owner routes (header"
+        " Shadowpod-Owner-Credential, with its name in Shadowpod-Instance): it writes only"
+        " at the epochs the ownership record names it owner at."
+    )
 
 
 class SessionCreated(_Body):
@@ -234,7 +261,12 @@ class OwnershipChange(_Body):
 
 
 class FenceRequest(_Body):
-    expect_epoch: OwnerEpoch = Field(description="The epoch of the owner to fence.")
+    # The fence hands the session to epoch expect_epoch + 1, which must be an epoch too.
+    expect_epoch: Annotated[int, Strict()] = Field(
+        ge=1,
+        le=INT64_MAX - 1,
+        description="The epoch of the owner to fence (below 2^63-1: the fence moves to the next).",
+    )
     new_owner: OwnerName
     timeout_s: Annotated[float, Strict()] = Field(default=5.0, gt=0, le=300, allow_inf_nan=False)
 

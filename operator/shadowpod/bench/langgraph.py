@@ -15,6 +15,14 @@ with each checkpointer, and at each length the benchmark measures one more turn
   in process: no HTTP), the journal folded as an owner folds it. Bytes: the journal
   file.
 
+Tool-calling turns (``lookup <city>``: the model calls a tool, then answers) are
+driven too, up to ``tool_max_turns``, on the graphs developers build most: LangGraph's
+prebuilt ``create_react_agent`` (whose ``Send`` hands each tool call a copy of the
+whole state), LangChain's ``create_agent``, the example's own graph — each with
+``ShadowpodSaver`` — and the example's graph with its messages in LangGraph 1.2's
+``DeltaChannel`` on LangGraph's own ``AsyncSqliteSaver`` (checkpoints store the
+writes, not the list): ``tool_turns`` in the report.
+
 A turn's time is measured from the graph's start to its outputs being durable; most
 of it, at length, is LangGraph's own work on the whole conversation (``add_messages``
 indexes every message each step), the same with either saver. So the checkpointer's
@@ -55,6 +63,15 @@ SESSION: Final = "bench"
 EXAMPLE: Final = "03-langgraph/agent.py"
 # The conversation's own messages: a plain turn (no tool): the model answers.
 MESSAGE: Final = "tell me about turn {n}, please"
+# A tool-calling turn: the model calls ``lookup``, then answers with its result.
+TOOL_MESSAGE: Final = "lookup city{n}"
+# The tool-calling columns: (report name, saver, the example's graph kind).
+TOOL_COLUMNS: Final = (
+    ("shadowpod_create_react_agent", "shadowpod", "react"),
+    ("shadowpod_create_agent", "shadowpod", "create_agent"),
+    ("shadowpod_custom_graph", "shadowpod", "custom"),
+    ("langgraph_sqlite_delta_channel", "sqlite", "delta"),
+)
 
 
 @dataclass(frozen=True)
@@ -62,18 +79,19 @@ class LangGraphBenchConfig:
     lengths: tuple[int, ...] = (10, 1_000, 10_000)
     samples: int = 5  # turns measured at each length (the median is reported)
     sqlite_max_turns: int = 1_000
+    tool_max_turns: int = 1_000  # tool-calling turns are driven up to this length
     workdir: Path | None = None
     loop_steps: int = LOOP_STEPS
 
 
-def _build_graph() -> Callable[[Any], Any]:
+def _build_graph() -> Callable[..., Any]:
     path = examples_dir() / EXAMPLE
     spec = importlib.util.spec_from_file_location("shadowpod_bench_langgraph_agent", path)
     if spec is None or spec.loader is None:
         raise RuntimeError(f"cannot load the LangGraph example from {path}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    build: Callable[[Any], Any] = module.build_graph
+    build: Callable[..., Any] = module.build_graph
     return build
 
 
@@ -136,23 +154,43 @@ class _Owner(InProcessOwner):
         return now - started, self.saving.lap() + (now - ended)
 
 
-async def _shadowpod(config: LangGraphBenchConfig, workdir: Path) -> dict[str, Any]:
+async def _shadowpod(
+    config: LangGraphBenchConfig,
+    workdir: Path,
+    kind: str = "custom",
+    message: str = MESSAGE,
+    lengths: tuple[int, ...] | None = None,
+) -> dict[str, Any]:
     store = SQLiteJournalStore(workdir / "journal.db")
     await store.open()
     try:
         await store.create_session(SESSION)
         await store.compare_and_set_ownership(SESSION, 0, Ownership(epoch=1, owner="bench"))
         saver = ShadowpodSaver()
-        owner = _Owner(store, _build_graph()(saver), saver)
-        return await _drive(config, config.lengths, owner.turn, lambda: _file_bytes(store.path))
+        owner = _Owner(store, _build_graph()(saver, kind), saver)
+        return await _drive(
+            config,
+            config.lengths if lengths is None else lengths,
+            owner.turn,
+            lambda: _file_bytes(store.path),
+            message,
+        )
     finally:
         await store.close()
 
 
-async def _sqlite(config: LangGraphBenchConfig, workdir: Path) -> dict[str, Any]:
-    lengths = tuple(n for n in config.lengths if n <= config.sqlite_max_turns)
+async def _sqlite(
+    config: LangGraphBenchConfig,
+    workdir: Path,
+    kind: str = "custom",
+    message: str = MESSAGE,
+    lengths: tuple[int, ...] | None = None,
+) -> dict[str, Any]:
+    lengths = tuple(
+        n for n in (config.lengths if lengths is None else lengths) if n <= config.sqlite_max_turns
+    )
     async with AsyncSqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
-        graph = _build_graph()(saver)
+        graph = _build_graph()(saver, kind)
         saving = _Stopwatch()
         saving.wrap(saver, *SAVER_METHODS)
         runs = {"configurable": {"thread_id": "main"}}
@@ -167,7 +205,7 @@ async def _sqlite(config: LangGraphBenchConfig, workdir: Path) -> dict[str, Any]
             return time.perf_counter() - started, saving.lap()
 
         result = await _drive(
-            config, lengths, turn, lambda: _file_bytes(workdir / "checkpoints.db")
+            config, lengths, turn, lambda: _file_bytes(workdir / "checkpoints.db"), message
         )
     skipped = [n for n in config.lengths if n > config.sqlite_max_turns]
     if skipped:
@@ -184,6 +222,7 @@ async def _drive(
     lengths: tuple[int, ...],
     turn: Callable[[str], Awaitable[tuple[float, float]]],
     size: Callable[[], int],
+    message: str = MESSAGE,
 ) -> dict[str, Any]:
     """Drive the conversation to each length; there, measure ``samples`` more turns."""
     done = 0
@@ -191,13 +230,13 @@ async def _drive(
     for length in sorted(lengths):
         started = time.perf_counter()
         while done < length:
-            await turn(MESSAGE.format(n=done))
+            await turn(message.format(n=done))
             done += 1
         filled_s = time.perf_counter() - started
         stored = size()
         times, saving = [], []
         for _ in range(config.samples):
-            took, saved = await turn(MESSAGE.format(n=done))
+            took, saved = await turn(message.format(n=done))
             times.append(took)
             saving.append(saved)
             done += 1
@@ -222,6 +261,12 @@ async def run_langgraph_bench(config: LangGraphBenchConfig) -> dict[str, Any]:
         (workdir / "lg").mkdir()
         shadowpod = await _shadowpod(config, workdir / "sp")
         sqlite = await _sqlite(config, workdir / "lg")
+        tool_lengths = tuple(n for n in config.lengths if n <= config.tool_max_turns)
+        tool_turns: dict[str, Any] = {}
+        for name, saver, kind in TOOL_COLUMNS:
+            (workdir / name).mkdir()
+            run = _shadowpod if saver == "shadowpod" else _sqlite
+            tool_turns[name] = await run(config, workdir / name, kind, TOOL_MESSAGE, tool_lengths)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     report: dict[str, Any] = {
@@ -230,6 +275,11 @@ async def run_langgraph_bench(config: LangGraphBenchConfig) -> dict[str, Any]:
         "config": {"lengths": list(config.lengths), "samples": config.samples},
         "savers": {"shadowpod": shadowpod, "langgraph_sqlite": sqlite},
         "ratios_sqlite_over_shadowpod": _ratios(sqlite, shadowpod),
+        "tool_turns": tool_turns,
+        "ratios_delta_channel_over_create_react_agent": _ratios(
+            tool_turns["langgraph_sqlite_delta_channel"],
+            tool_turns["shadowpod_create_react_agent"],
+        ),
         "machine": machine.report(),
     }
     report["targets"] = _targets(report)
@@ -249,7 +299,7 @@ def _targets(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     first, last = ours[lengths[0]]["one_more_turn_bytes"], ours[lengths[-1]]["one_more_turn_bytes"]
     growth = round(last / max(first, 1), 2)
     at_1000 = report["ratios_sqlite_over_shadowpod"].get("1000", {}).get("one_more_turn_bytes")
-    return {
+    targets = {
         "shadowpod_turn_bytes_flat": {
             "target": FLAT_WITHIN,
             "measured": growth,
@@ -261,6 +311,20 @@ def _targets(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "met": None if at_1000 is None else at_1000 >= CHEAPER_AT_1000,
         },
     }
+    # create_react_agent's tool-calling turn on Shadowpod against the DeltaChannel
+    # graph on LangGraph's SQLite saver, at the longest conversation both ran: the
+    # ratio of their bytes per turn (theirs over ours: at least 1 to beat it).
+    ratios = report.get("ratios_delta_channel_over_create_react_agent", {})
+    if ratios:
+        longest = max(ratios, key=int)
+        measured = ratios[longest]["one_more_turn_bytes"]
+        targets["tool_turn_bytes_vs_delta_channel"] = {
+            "target": 1.0,
+            "measured": measured,
+            "at_turns": int(longest),
+            "met": measured >= 1.0,
+        }
+    return targets
 
 
 def _ratios(sqlite: dict[str, Any], shadowpod: dict[str, Any]) -> dict[str, Any]:

@@ -549,6 +549,7 @@ def langgraph(
         lengths=turns,
         samples=samples,
         sqlite_max_turns=max(turns) if quick else sqlite_max_turns,
+        tool_max_turns=max(turns) if quick else sqlite_max_turns,
         workdir=workdir,
     )
     _run_and_report("langgraph", run_langgraph_bench(config), _print_langgraph, as_json, check)
@@ -579,6 +580,24 @@ def _print_langgraph(report: dict[str, Any]) -> None:
             )
         table.add_row(*row)
     Console().print(table)
+    tools = Table(title="Tool-calling turns — bytes one more turn writes (and turn ms)")
+    tools.add_column("turns", justify="right")
+    columns = report.get("tool_turns", {})
+    for name in columns:
+        tools.add_column(name.replace("_", " "), justify="right")
+    lengths = sorted({n for c in columns.values() for n in c["by_turns"]}, key=int)
+    for length in lengths:
+        cells = [f"{int(length):,}"]
+        for column in columns.values():
+            found = column["by_turns"].get(length)
+            cells.append(
+                "not run"
+                if found is None
+                else f"{found['one_more_turn_bytes']:,} ({found['one_more_turn_ms_p50']} ms)"
+            )
+        tools.add_row(*cells)
+    if columns:
+        Console().print(tools)
     for name, target in report["targets"].items():
         Console().print(
             f"target {name}: {_against(target, '[green]met[/green]', '[red]missed[/red]')}"

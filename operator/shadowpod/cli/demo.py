@@ -26,14 +26,16 @@ from rich.table import Table
 from rich.text import Text
 
 from shadowpod import eventloop
-from shadowpod.cli.errors import fail, interrupted
+from shadowpod.cli.errors import fail, interrupted, writable_workdir
 from shadowpod.cli.subject import agent_options, agent_under_test
 from shadowpod.engine.record import MigrationRecord, Phase
-from shadowpod.local.checks import Check
+from shadowpod.local.checks import Check, replies_kept_up
 from shadowpod.local.gate_demo import GateAttempt, run_gate_demo
 from shadowpod.local.scenario import LiveScenario, ScenarioReport
 from shadowpod.local.subject import AgentUnderTest
 
+# --quick: enough load on each side of the move for every check to have something to judge.
+QUICK_S = 1.5
 PHASE_STYLE = {Phase.SUCCEEDED: "green", Phase.ROLLED_BACK: "yellow", Phase.FAILED: "red"}
 
 
@@ -81,6 +83,7 @@ async def _run(
     after_s: float,
     workdir: Path,
     progress: Progress,
+    max_p99_s: float,
 ) -> ScenarioReport:
     async with LiveScenario(
         workdir, rate=rate, on_phase=progress.on_phase, agent=agent
@@ -93,7 +96,9 @@ async def _run(
         progress.step = f"{agent.target} serving {rate:g} msg/s"
         await asyncio.sleep(after_s)
         progress.step = "stopping the load, waiting for every reply"
-        return await scenario.finish()
+        report = await scenario.finish()
+        report.checks.append(replies_kept_up(scenario.load, max_p99_s=max_p99_s))
+        return report
 
 
 async def _with_live(
@@ -103,6 +108,7 @@ async def _with_live(
     after_s: float,
     workdir: Path,
     console: Console,
+    max_p99_s: float,
 ) -> ScenarioReport:
     progress = Progress(agent.source)
     with Live(progress.render(), console=console, refresh_per_second=8, transient=True) as live:
@@ -114,7 +120,7 @@ async def _with_live(
 
         ticker = asyncio.create_task(refresh())
         try:
-            return await _run(agent, rate, before_s, after_s, workdir, progress)
+            return await _run(agent, rate, before_s, after_s, workdir, progress, max_p99_s)
         finally:
             ticker.cancel()
 
@@ -190,11 +196,12 @@ def print_report(report: ScenarioReport, rate: float, console: Console) -> None:
     for check in report.checks:
         checks.add_row(check.name, _verdict(check), check.detail)
     console.print(checks)
-    verdict = Text(
-        "all invariants hold" if report.ok else "INVARIANTS BROKEN",
-        style="bold green" if report.ok else "bold red",
-    )
-    console.print(Group(verdict))
+    broken = [check for check in report.checks if not check.ok]
+    if not broken:
+        console.print(Text("all invariants hold, and replies kept up", style="bold green"))
+        return
+    lines = [Text(f"BROKEN: {check.name}: {check.detail}", style="bold red") for check in broken]
+    console.print(Group(*lines))
 
 
 def _verdict(check: Check) -> Text:
@@ -233,6 +240,19 @@ def _ms(value: float | None) -> str:
     help="Seconds of load after migrating.",
 )
 @click.option(
+    "--max-p99",
+    "max_p99_s",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds within which 99% of replies must come: an agent slower than --rate fails.",
+)
+@click.option(
+    "--quick",
+    is_flag=True,
+    help=f"A short run: {QUICK_S:g} s of load before and after the move (a smoke test).",
+)
+@click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
     help="Keep the gateway, agents and logs here.",
@@ -248,6 +268,8 @@ def demo(
     rate: float,
     before_s: float,
     after_s: float,
+    max_p99_s: float,
+    quick: bool,
     workdir: Path | None,
     as_json: bool,
     gate: bool,
@@ -260,9 +282,15 @@ def demo(
     With --gate: two upgrades of a v2 session under shadow compare, one that forgets the
     user's name (rolled back) and one merely reworded (accepted).
 
-    Exits 0 when every invariant holds, 1 when one broke, 2 when the demo could not run.
+    The verdict includes the client's latency: replies slower than --max-p99 (the agent
+    cannot keep up with --rate) fail the run, saying the rate it sustained.
+
+    Exits 0 when every invariant holds and replies kept up, 1 when not, 2 when the demo
+    could not run.
     """
     agent = agent_under_test(**agent_options, heartbeat_s=1.0)
+    if quick:
+        before_s, after_s = QUICK_S, QUICK_S
     console = Console(stderr=as_json)
     keep = workdir is not None
     work = _fresh_workdir(workdir) if workdir else Path(tempfile.mkdtemp(prefix="shadowpod-demo-"))
@@ -271,12 +299,12 @@ def demo(
     try:
         if as_json:
             report = eventloop.run(
-                _run(agent, rate, before_s, after_s, work, Progress(agent.source)),
+                _run(agent, rate, before_s, after_s, work, Progress(agent.source), max_p99_s),
                 terminate_gracefully=True,
             )
         else:
             report = eventloop.run(
-                _with_live(agent, rate, before_s, after_s, work, console),
+                _with_live(agent, rate, before_s, after_s, work, console, max_p99_s),
                 terminate_gracefully=True,
             )
     except KeyboardInterrupt:
@@ -388,4 +416,5 @@ def _fresh_workdir(workdir: Path) -> Path:
             "or empty directory, or remove this one",
             2,
         )
+    writable_workdir(workdir)
     return workdir

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import signal
 import sys
+import tempfile
+from pathlib import Path
 from typing import NoReturn
 
 import click
@@ -23,3 +25,17 @@ def interrupted() -> NoReturn:
     would (not 1, which says a check failed)."""
     click.echo("interrupted: every process it started was stopped", err=True)
     sys.exit(128 + signal.SIGINT)
+
+
+def writable_workdir(workdir: Path, option: str = "--workdir") -> None:
+    """Exit 2 unless this user can write in ``workdir``: found before anything starts,
+    rather than as a failure whose logs would have been written there."""
+    try:
+        with tempfile.TemporaryFile(dir=workdir):
+            pass
+    except OSError as exc:
+        fail(
+            f"cannot write in {option} {workdir} ({exc.strerror or exc}): choose a directory "
+            "this user may write in, or fix its permissions",
+            2,
+        )

@@ -62,6 +62,20 @@ CANNOT_START = 1
     "every client has the proxy's address).",
 )
 @click.option(
+    "--max-streams",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Most event streams (SSE) open at once on this gateway; one more is 503.",
+)
+@click.option(
+    "--max-streams-per-session",
+    default=64,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Most event streams open at once on one session; one more is 503.",
+)
+@click.option(
     "--header-timeout",
     "header_timeout_s",
     default=30.0,
@@ -104,6 +118,8 @@ def gateway(
     max_body_bytes: int,
     max_snapshot_bytes: int,
     max_connections_per_peer: int,
+    max_streams: int,
+    max_streams_per_session: int,
     header_timeout_s: float,
     body_timeout_s: float,
     body_idle_timeout_s: float,
@@ -131,6 +147,8 @@ def gateway(
             max_body_bytes=max_body_bytes,
             max_snapshot_bytes=max_snapshot_bytes,
             max_connections_per_peer=max_connections_per_peer,
+            max_streams=max_streams,
+            max_streams_per_session=max_streams_per_session,
             header_timeout_s=header_timeout_s,
             body_timeout_s=body_timeout_s,
             body_idle_timeout_s=body_idle_timeout_s,

@@ -52,6 +52,8 @@ def _run(target: Any, work: Callable[[Any, str], Awaitable[T]]) -> T:
 
     try:
         return asyncio.run(main())
+    except plugin.KubeconfigUnusable as exc:
+        fail(str(exc), UNREACHABLE)
     except LookupError as exc:
         fail(str(exc), NOT_FOUND)
     except ShadowpodError as exc:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -25,11 +27,18 @@ from rich.table import Table
 from rich.text import Text
 
 from shadowpod import eventloop
-from shadowpod.cli.errors import fail
+from shadowpod.cli.errors import fail, writable_workdir
 from shadowpod.engine.ports import ImageNotFound
 from shadowpod.engine.record import MigrationRecord, Phase
+from shadowpod.local.gateway_process import port_free
 from shadowpod.local.images import ImageMap, reference_images
-from shadowpod.local.standing import StandingDeployment, deployment_file
+from shadowpod.local.standing import (
+    SavedDeployment,
+    StandingDeployment,
+    StandingSession,
+    deployment_file,
+    saved_file,
+)
 from shadowpod.local.standing_client import (
     DeploymentRefused,
     DeploymentUnreachable,
@@ -53,7 +62,8 @@ workdir_option = click.option(
     "--images",
     "images_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="An image map (YAML) of the agent; default: the reference agent's.",
+    help="An image map (YAML) of the agent; default: the reference agent's (or, resuming, "
+    "the map the deployment was started with).",
 )
 @click.option(
     "--image", default="refagent:v1", show_default=True, help="The image the session starts on."
@@ -65,44 +75,113 @@ def up(workdir: Path, images_path: Path | None, image: str, session: str, port: 
 
     Prints the session's URL and how to talk to it. `shadowpod migrate --workdir W --to
     IMAGE` moves it live to another image. Ctrl-C or SIGTERM stops every process it
-    started (exit 0); exit 2 when it cannot start.
+    started (exit 0). Run again on the same --workdir, it resumes: the gateway on the
+    same journal, each session's owner at the next epoch from its journal (--image and
+    --session are then the deployment's own). A first start that fails leaves nothing
+    in --workdir. Exit 2 when it cannot start.
     """
+    _not_running(workdir)
+    try:
+        saved = SavedDeployment.load(workdir)
+    except (ValueError, OSError) as exc:
+        fail(str(exc), 2)
+    if saved is not None:
+        _resume(workdir, saved, images_path, port)
+        return
+    if deployment_file(workdir).exists():
+        fail(
+            f"{workdir} holds a deployment whose `shadowpod up` was killed before it "
+            "started: give a new directory, or remove this one",
+            2,
+        )
     try:
         images = ImageMap.load(images_path) if images_path else reference_images()
         images.resolve(image)
     except (ValueError, ImageNotFound) as exc:
         fail(str(exc), 2)
-    _fresh(workdir)
+    created = _fresh(workdir)
+    standing = StandingDeployment(workdir, images, port=port, images_path=images_path)
     try:
-        eventloop.run(_up(workdir, images, image, session, port), terminate_gracefully=True)
+        eventloop.run(_up(standing, _started(session, image)), terminate_gracefully=True)
     except (KeyboardInterrupt, eventloop.Terminated):
         pass
     except Exception as exc:  # noqa: BLE001 — cannot start: say why in one line
-        fail(f"could not start: {exc} (logs in {workdir})", 2)
+        _clean(workdir, created)
+        fail(f"could not start: {exc}; nothing was left in {workdir}", 2)
+    if not saved_file(workdir).exists():  # stopped before it served: nothing to resume
+        _clean(workdir, created)
     click.echo("stopped: every process it started was stopped", err=True)
 
 
-async def _up(workdir: Path, images: ImageMap, image: str, session: str, port: int | None) -> None:
-    standing = StandingDeployment(workdir, images, port=port)
+def _resume(
+    workdir: Path, saved: SavedDeployment, images_path: Path | None, port: int | None
+) -> None:
     try:
-        started = await standing.start(session, image)
-        facts = standing.status()
-        url = facts["sessions"][0]["url"]
-        w = workdir
-        click.echo(
-            f"session {session!r} serving on {image} (instance {started.owner.name})\n"
-            f"  gateway        {facts['gateway']}\n"
-            f"  session        {url}\n"
-            f"  say something  curl -s -X POST {url}/messages "
-            "-H 'content-type: application/json' -d '{\"content\": \"hello\"}'\n"
-            f"  read replies   curl -s '{url}/events?after=0&wait=5'\n"
-            f"  control token  {facts['control_token_file']}\n"
-            f"  agent token    {w / 'sessions' / session / 'agent-token'}\n"
-            f"  move it        shadowpod migrate --workdir {w} --to IMAGE  "
-            f"(images: {', '.join(facts['images'])})\n"
-            f"  what runs      shadowpod status --workdir {w}\n"
-            "Ctrl-C stops it.",
+        images_path = images_path or saved.images
+        images = ImageMap.load(images_path) if images_path else reference_images()
+    except (ValueError, OSError) as exc:
+        fail(f"cannot resume {workdir}: its image map: {exc}; give --images", 2)
+    writable_workdir(workdir)
+    if port is None and port_free(saved.port):
+        port = saved.port  # the session's URL stays what it was where it can
+    standing = StandingDeployment(workdir, images, port=port, images_path=images_path)
+    try:
+        eventloop.run(_up(standing, _resumed(saved)), terminate_gracefully=True)
+    except (KeyboardInterrupt, eventloop.Terminated):
+        pass
+    except ImageNotFound as exc:
+        fail(f"cannot resume {workdir}: {exc}; give --images with the map that has it", 2)
+    except Exception as exc:  # noqa: BLE001 — cannot start: say why in one line
+        fail(
+            f"could not resume: {exc} (the journal and logs stay in {workdir}; run "
+            "shadowpod up on it again to retry)",
+            2,
         )
+    click.echo("stopped: every process it started was stopped", err=True)
+
+
+Start = Callable[[StandingDeployment], Awaitable[list[tuple[StandingSession, str]]]]
+
+
+def _started(session: str, image: str) -> Start:
+    async def start(standing: StandingDeployment) -> list[tuple[StandingSession, str]]:
+        started = await standing.start(session, image)
+        return [(started, f"serving on {image}")]
+
+    return start
+
+
+def _resumed(saved: SavedDeployment) -> Start:
+    async def resume(standing: StandingDeployment) -> list[tuple[StandingSession, str]]:
+        return [
+            (s, f"resumed on {s.owner.image} from its journal (epoch {epoch} → {epoch + 1})")
+            for s, epoch in await standing.resume(saved)
+        ]
+
+    return resume
+
+
+async def _up(standing: StandingDeployment, start: Start) -> None:
+    try:
+        started = await start(standing)
+        facts = standing.status()
+        w = standing.workdir
+        for session, how in started:
+            url = f"{facts['gateway']}/v1/sessions/{session.name}"
+            click.echo(
+                f"session {session.name!r} {how} (instance {session.owner.name})\n"
+                f"  gateway        {facts['gateway']}\n"
+                f"  session        {url}\n"
+                f"  say something  curl -s -X POST {url}/messages "
+                "-H 'content-type: application/json' -d '{\"content\": \"hello\"}'\n"
+                f"  read replies   curl -s '{url}/events?after=0&wait=5'\n"
+                f"  control token  {facts['control_token_file']}\n"
+                f"  agent token    {w / 'sessions' / session.name / 'agent-token'}\n"
+                f"  move it        shadowpod migrate --workdir {w} --to IMAGE  "
+                f"(images: {', '.join(facts['images'])})\n"
+                f"  what runs      shadowpod status --workdir {w}"
+            )
+        click.echo(f"Ctrl-C stops it; shadowpod up --workdir {w} resumes it.")
         sys.stdout.flush()
         stop = asyncio.Event()
         # Ctrl-C, and SIGINT from a script too (a shell starts background jobs with
@@ -113,19 +192,18 @@ async def _up(workdir: Path, images: ImageMap, image: str, session: str, port: i
         await asyncio.shield(standing.close())
 
 
-def _fresh(workdir: Path) -> None:
-    if deployment_file(workdir).exists():
-        if _running(deployment_file(workdir)):
-            fail(
-                f"a deployment runs in {workdir} already (see `shadowpod status --workdir "
-                f"{workdir}`): stop it first, or give another directory",
-                2,
-            )
+def _not_running(workdir: Path) -> None:
+    if deployment_file(workdir).exists() and _running(deployment_file(workdir)):
         fail(
-            f"{workdir} holds a deployment whose `shadowpod up` was killed: give a new "
-            "directory, or remove this one (its journal and logs are there)",
+            f"a deployment runs in {workdir} already (see `shadowpod status --workdir "
+            f"{workdir}`): stop it first, or give another directory",
             2,
         )
+
+
+def _fresh(workdir: Path) -> bool:
+    """Make ``workdir`` ready for a first start; whether this run created it."""
+    created = not workdir.exists()
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         used = any(workdir.iterdir())
@@ -133,10 +211,25 @@ def _fresh(workdir: Path) -> None:
         fail(f"cannot use --workdir {workdir}: {exc.strerror or exc}", 2)
     if used:
         fail(
-            f"--workdir {workdir} is not empty (an earlier deployment's journal?): give a new "
+            f"--workdir {workdir} is not empty and holds no deployment to resume: give a new "
             "or empty directory, or remove this one",
             2,
         )
+    writable_workdir(workdir)
+    return created
+
+
+def _clean(workdir: Path, created: bool) -> None:
+    """What a first start that did not come up made: gone, so that the next `up` on
+    the same directory starts afresh."""
+    if created:
+        shutil.rmtree(workdir, ignore_errors=True)
+        return
+    for child in workdir.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def _running(facts_file: Path) -> bool:

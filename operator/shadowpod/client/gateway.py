@@ -20,6 +20,8 @@ from shadowpod.api.models import (
     EventsPage,
     FenceRequest,
     FenceResult,
+    OwnerCredential,
+    OwnerCredentialRequest,
     OwnershipChange,
     PostMessage,
     SessionCreated,
@@ -33,6 +35,7 @@ from shadowpod.client.sse import iter_sse
 from shadowpod.domain.entries import JournalEntry, NewEntry, entry_from_json
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.domain.ownership import Ownership
+from shadowpod.sessions.tokens import INSTANCE_HEADER, OWNER_CREDENTIAL_HEADER
 
 M = TypeVar("M", bound=BaseModel)
 REQUEST_TIMEOUT_S: Final = 30.0
@@ -67,10 +70,19 @@ def _entries(data: str) -> list[JournalEntry]:
 
 class GatewayClient:
     def __init__(
-        self, base_url: str, token: str | None = None, *, timeout_s: float = REQUEST_TIMEOUT_S
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout_s: float = REQUEST_TIMEOUT_S,
+        owner: tuple[str, str] | None = None,
     ) -> None:
+        """``owner``: the instance's name and owner credential, presented with every
+        request (the owner routes of a session made with credentials need them)."""
         self.base_url = base_url.rstrip("/")
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if owner is not None:
+            self._headers[INSTANCE_HEADER], self._headers[OWNER_CREDENTIAL_HEADER] = owner
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._http: aiohttp.ClientSession | None = None
 
@@ -247,20 +259,21 @@ class GatewayClient:
         self,
         session: str,
         *,
+        epoch: int,
         watermark: int,
         schema_version: int,
         document: dict[str, Any] | None = None,
         document_json: bytes | None = None,
     ) -> SnapshotInfoOut:
-        """Store a snapshot; ``document_json`` (the document already serialised) spares
-        a second encoding of what may be megabytes."""
+        """Store a snapshot as the owner at ``epoch``; ``document_json`` (the document
+        already serialised) spares a second encoding of what may be megabytes."""
         if document_json is None:
             document_json = orjson.dumps(document or {})
         answer = await self._call(
             "PUT",
             f"/v1/sessions/{session}/snapshots/{int(watermark)}",
             data=document_json,
-            params={"schema_version": int(schema_version)},
+            params={"schema_version": int(schema_version), "epoch": int(epoch)},
         )
         return SnapshotInfoOut.model_validate(answer)
 
@@ -306,6 +319,21 @@ class GatewayClient:
 
     async def create_session(self, request: CreateSession) -> SessionCreated:
         return SessionCreated.model_validate(await self._call("POST", "/v1/sessions", body=request))
+
+    async def mint_owner_credential(self, session: str, instance: str) -> str | None:
+        """The owner credential of ``instance`` (control token); ``None`` for a session
+        made without owner credentials."""
+        try:
+            answer = await self._call(
+                "POST",
+                f"/v1/sessions/{session}/owner-credentials",
+                body=OwnerCredentialRequest(instance=instance),
+            )
+        except GatewayError as exc:
+            if exc.reason == "NoOwnerCredentials":
+                return None
+            raise
+        return OwnerCredential.model_validate(answer).credential
 
     async def delete_session(self, session: str) -> None:
         await self._call("DELETE", f"/v1/sessions/{session}")

@@ -17,8 +17,10 @@ from shadowpod.gateway.context import GATEWAY, Gateway
 from shadowpod.gateway.errors import (
     CONTROL_BODY_BYTES,
     LIMITS,
+    STORE_HEALTH,
     Handler,
     Limits,
+    StoreHealth,
     body_limits,
     error_middleware,
 )
@@ -58,7 +60,7 @@ LARGE_BODIES: Final = frozenset(
     {"post_message", "append_journal", "create_session", "post_drained"}
 )
 CONTROL_BODIES: Final = frozenset(
-    {"post_ack", "put_ownership", "fence", "unfence", "request_snapshot"}
+    {"post_ack", "put_ownership", "fence", "unfence", "request_snapshot", "mint_owner_credential"}
 )
 
 
@@ -110,6 +112,7 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
         middlewares=[count_requests, error_middleware, body_limits],
     )
     app[GATEWAY] = gw
+    app[STORE_HEALTH] = StoreHealth()
     app[LIMITS] = Limits(
         max_body_bytes=config.max_body_bytes,
         max_snapshot_bytes=config.max_snapshot_bytes,
@@ -131,7 +134,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if gw.config.schedules:
         await gw.firer.load(s.session for s in await gw.store.list_sessions())
         firing = asyncio.create_task(gw.firer.run(), name="schedule-firer")
-    logger.info("gateway ready", extra={"journal": _redacted(gw.config.journal_url)})
+    # Not "ready": the address may still turn out to be taken (serve says ready).
+    logger.info("journal open", extra={"journal": _redacted(gw.config.journal_url)})
     try:
         yield
     finally:
@@ -165,7 +169,10 @@ async def serve(config: GatewayConfig, *, ready: asyncio.Event | None = None) ->
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    logger.info("gateway listening", extra={"address": f"{config.host}:{config.port}"})
+    logger.info(
+        "gateway ready",
+        extra={"address": f"{config.host}:{config.port}", "journal": _redacted(config.journal_url)},
+    )
     if ready is not None:
         ready.set()
     try:

@@ -50,6 +50,17 @@ class GatewayConfig(BaseModel):
     body_idle_timeout_s: float = Field(
         default=15.0, gt=0, le=3600, description="Longest pause while a body is sent."
     )
+    max_streams: int = Field(
+        default=1000,
+        ge=1,
+        description="Event streams (SSE, client and shadow) open at once on this gateway; "
+        "one more is 503 TooManyStreams.",
+    )
+    max_streams_per_session: int = Field(
+        default=64,
+        ge=1,
+        description="Event streams open at once on one session; one more is 503 TooManyStreams.",
+    )
     delivery_window: int = Field(
         default=4,
         ge=1,

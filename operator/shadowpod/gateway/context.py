@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -34,11 +35,19 @@ class Gateway:
     firer: ScheduleFirer
     metrics: GatewayMetrics
     streams: set[asyncio.Task[Any]] = field(default_factory=set)
+    # The owner channels open per session: a deleted session's are closed, so that a
+    # session re-created under its name is never fed to (or written by) the old owner.
+    owner_channels: dict[str, set[asyncio.Task[Any]]] = field(default_factory=dict)
+    # Event streams (SSE) open, per session: bounded per session and in all.
+    event_streams: Counter[str] = field(default_factory=Counter)
 
     def forget(self, session: str) -> None:
+        """Drop what this gateway keeps of a deleted session, and end its channels."""
         self.gates.forget(session)
         self.auth.forget(session)
         self.firer.forget(session)
+        for task in self.owner_channels.pop(session, set()):
+            task.cancel()
 
 
 GATEWAY = web.AppKey("gateway", Gateway)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
@@ -16,12 +17,15 @@ from shadowpod.domain.errors import SchemaTooNew, ShadowpodError
 from shadowpod.journal.errors import (
     EpochConflict,
     Fenced,
+    IdempotencyConflict,
     InvalidOwnership,
     InvalidSnapshot,
     JournalTruncated,
+    OwnerMismatch,
     SessionExists,
     SessionNotFound,
     SnapshotNotFound,
+    StoreFull,
     StoreUnavailable,
 )
 from shadowpod.sessions.fence import FenceTimeout
@@ -43,6 +47,27 @@ CONTROL_BODY_BYTES: Final = 16 * 1024
 
 # Kept apart from the gateway context so this middleware needs nothing else.
 LIMITS = web.AppKey("limits", Limits)
+
+
+class StoreHealth:
+    """When the store last said it was full: the gateway reports itself not ready for
+    a while after (``/readyz``), so that traffic goes to a replica that can write."""
+
+    NOT_READY_S: Final = 10.0
+
+    def __init__(self) -> None:
+        self.full_until = 0.0
+
+    def full(self) -> None:
+        self.full_until = time.monotonic() + self.NOT_READY_S
+
+    def is_full(self) -> bool:
+        return time.monotonic() < self.full_until
+
+
+STORE_HEALTH = web.AppKey("store_health", StoreHealth)
+# What a 503 tells a client to wait before retrying (the store is away or full).
+RETRY_AFTER_S: Final = 5
 # The body limit of the route a request was routed to (set by ``body_limits``).
 BODY_LIMIT: Final = web.RequestKey("body_limit", int)
 M = TypeVar("M", bound=BaseModel)
@@ -53,6 +78,8 @@ STATUS_OF: Final[dict[type[ShadowpodError], int]] = {
     SnapshotNotFound: 404,
     SessionExists: 409,
     Fenced: 409,
+    OwnerMismatch: 409,
+    IdempotencyConflict: 409,
     EpochConflict: 409,
     FenceTimeout: 409,
     InvalidOwnership: 400,
@@ -198,7 +225,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except ApiError as exc:
-        return error_response(exc.status, exc.reason, str(exc), exc.errors)
+        response = error_response(exc.status, exc.reason, str(exc), exc.errors)
+        if exc.status == 503:
+            response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
+    except StoreUnavailable as exc:
+        if isinstance(exc, StoreFull):
+            request.app[STORE_HEALTH].full()
+        response = error_response(503, exc.reason, str(exc))
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
     except ShadowpodError as exc:
         status = STATUS_OF.get(type(exc), 400 if isinstance(exc, ValueError) else 500)
         return error_response(status, exc.reason, str(exc))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from http import HTTPStatus
 from typing import Any, Final
 
 import orjson
@@ -35,6 +36,16 @@ logger = logging.getLogger(__name__)
 # How long a body that was refused (413) is read and dropped, so a client still
 # sending it reads the answer instead of a reset.
 LINGER_S: Final = 2.0
+
+
+# What a parse error means, said without quoting the request.
+UNPARSEABLE: Final = {
+    "LineTooLong": "the request line or a header line is longer than 8190 bytes",
+    "BadStatusLine": "the request line is malformed",
+    "BadHttpMethod": "the method is not a valid HTTP method",
+    "InvalidHeader": "a header is malformed",
+    "InvalidURLError": "the request target is malformed",
+}
 
 
 def error_json(status: int, reason: str, message: str) -> bytes:
@@ -109,13 +120,23 @@ class GatewayRequestHandler(RequestHandler):
         message: str | None = None,
     ) -> web.StreamResponse:
         """aiohttp's answer to a request it could not parse (or a failure outside the
-        app's middlewares), as the gateway's JSON error body."""
-        plain = super().handle_error(request, status, exc, message)  # logs; may raise
+        app's middlewares), as the gateway's JSON error body.
+
+        A parse error's text quotes the bytes it choked on — the first bytes of an
+        ``Authorization`` header, say — so for a 4xx neither the answer nor the log
+        carries it: both name the kind of error only.
+        """
         if status >= 500:
+            super().handle_error(request, status, exc, message)  # logs; may raise
             reason, text = "InternalError", "an unexpected error occurred; see the gateway log"
         else:
-            reason = "BadRequest" if status == 400 else plain.reason.replace(" ", "")
-            text = f"the request could not be parsed: {message or plain.reason}"
+            if request.writer.output_size > 0:  # some of an answer went out already
+                raise ConnectionError("cannot answer a request whose answer has started")
+            kind = type(exc).__name__ if exc is not None else "BadRequest"
+            self.logger.info("unparseable request from %s: %s", request.remote, kind)
+            reason = "BadRequest" if status == 400 else HTTPStatus(status).phrase.replace(" ", "")
+            what = UNPARSEABLE.get(kind, f"malformed HTTP ({kind})")
+            text = f"the request could not be parsed: {what}"
         response = web.Response(
             status=status,
             body=error_json(status, reason, text),

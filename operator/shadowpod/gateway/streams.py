@@ -15,7 +15,8 @@ from aiohttp import web
 from aiohttp_sse import EventSourceResponse, sse_response
 
 from shadowpod.domain.entries import JournalEntry
-from shadowpod.gateway.context import Gateway, int_query, parse_int
+from shadowpod.gateway.context import Gateway, int_query, parse_int, session_of
+from shadowpod.gateway.errors import ApiError
 
 PING_S = 10.0
 
@@ -43,10 +44,23 @@ async def send_entries(sse: EventSourceResponse, entries: Sequence[JournalEntry]
 async def open_stream(
     gateway: Gateway, request: web.Request, kind: str
 ) -> AsyncIterator[EventSourceResponse]:
-    """An SSE response that ends cleanly when the client leaves or the gateway stops."""
+    """An SSE response that ends cleanly when the client leaves or the gateway stops.
+
+    Streams are bounded per session and in all (``max_streams_per_session``,
+    ``max_streams``): idle streams nobody reads cost every session's appends (each
+    commit wakes them), so one more is refused (503 ``TooManyStreams``) rather than
+    let any number of them slow the gateway.
+    """
+    session = session_of(request)
+    counts, config = gateway.event_streams, gateway.config
+    if counts[session] >= config.max_streams_per_session:
+        raise too_many_streams(f"session {session!r} has {counts[session]} open")
+    if counts.total() >= config.max_streams:
+        raise too_many_streams(f"this gateway has {counts.total()} open")
     task = asyncio.current_task()
     assert task is not None
     gateway.streams.add(task)
+    counts[session] += 1
     gauge = gateway.metrics.streams.labels(kind=kind)
     gauge.inc()
     try:
@@ -55,7 +69,19 @@ async def open_stream(
                 yield sse
     finally:
         gauge.dec()
+        counts[session] -= 1
+        if counts[session] <= 0:
+            del counts[session]
         gateway.streams.discard(task)
+
+
+def too_many_streams(detail: str) -> ApiError:
+    return ApiError(
+        503,
+        "TooManyStreams",
+        f"too many event streams: {detail}; close one you no longer read, or retry later "
+        "(the limits are the gateway's --max-streams and --max-streams-per-session)",
+    )
 
 
 async def pump(

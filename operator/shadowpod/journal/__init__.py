@@ -6,6 +6,7 @@ SQLite (embedded default) and PostgreSQL (several gateway replicas).
 from shadowpod.journal.errors import (
     EpochConflict,
     Fenced,
+    IdempotencyConflict,
     InvalidOwnership,
     InvalidSnapshot,
     JournalTruncated,
@@ -21,12 +22,14 @@ from shadowpod.journal.store import (
     SessionInfo,
     Snapshot,
     SnapshotInfo,
+    Writer,
 )
 
 __all__ = [
     "Appended",
     "EpochConflict",
     "Fenced",
+    "IdempotencyConflict",
     "InvalidOwnership",
     "InvalidSnapshot",
     "JournalStore",
@@ -39,4 +42,5 @@ __all__ = [
     "SnapshotInfo",
     "SnapshotNotFound",
     "StoreUnavailable",
+    "Writer",
 ]

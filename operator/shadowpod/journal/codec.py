@@ -72,7 +72,15 @@ def decompress_document(blob: bytes) -> bytes:
 
 def json_type(text: bytes) -> str | None:
     """The type of the JSON value ``text`` holds (``object``, ``array``, ...), or
-    ``None`` when it is not JSON in UTF-8.
+    ``None`` when it is not JSON in UTF-8 (see ``json_shape``)."""
+    return json_shape(text)[0]
+
+
+def json_shape(text: bytes) -> tuple[str | None, int | None]:
+    """``json_type`` of ``text``, and for an object the integer of its top-level
+    ``watermark`` member (0 when it has none, as a state's default; ``None`` when it is
+    not an integer): a snapshot document says which watermark it is the state at, and
+    the gateway checks that against the URL.
 
     Checked by SQLite's JSON parser, which is C and releases the GIL: a multi-megabyte
     snapshot document is checked on a thread while the event loop goes on serving,
@@ -82,13 +90,19 @@ def json_type(text: bytes) -> str | None:
     try:
         decoded = text.decode()
     except UnicodeDecodeError:
-        return None
+        return None, None
     with contextlib.closing(sqlite3.connect(":memory:")) as conn:
         row = conn.execute(
-            "SELECT CASE WHEN json_valid(?1) THEN json_type(?1) END", (decoded,)
+            "SELECT CASE WHEN json_valid(?1) THEN json_type(?1) END,"
+            " CASE WHEN json_valid(?1) AND json_type(?1) = 'object' THEN"
+            " CASE WHEN json_type(?1, '$.watermark') IS NULL THEN 0"
+            " WHEN json_type(?1, '$.watermark') = 'integer' THEN json_extract(?1, '$.watermark')"
+            " END END",
+            (decoded,),
         ).fetchone()
     kind: str | None = row[0]
-    return kind
+    watermark: int | None = row[1]
+    return kind, watermark
 
 
 def load_state_json(document_json: bytes | str) -> SessionState:

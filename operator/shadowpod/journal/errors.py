@@ -37,6 +37,53 @@ class Fenced(ShadowpodError):
         )
 
 
+class OwnerMismatch(Fenced):
+    """An owner write at the current epoch by another instance than the one named
+    owner at it: only the instance the ownership record names may write at an epoch."""
+
+    def __init__(self, session: str, *, epoch: int, owner: str, current_owner: str | None) -> None:
+        ShadowpodError.__init__(
+            self,
+            f"session {session!r}: epoch {epoch} belongs to owner {current_owner!r}, not "
+            f"{owner!r}; this instance was not named owner at that epoch and must not write",
+        )
+        self.session = session
+        self.epoch = epoch
+        self.current = epoch
+        self.owner = owner
+
+
+def check_writer(
+    session: str, epoch: int, current_owner: str | None, owner_epoch: int | None, owner: str | None
+) -> None:
+    """An owner write (``owner_epoch`` given) is allowed only at the session's epoch and,
+    when ``owner`` is named, only by the instance named owner at it."""
+    if owner_epoch is None:
+        return
+    if owner_epoch != epoch:
+        raise Fenced(session, epoch=owner_epoch, current=epoch)
+    if owner is not None and owner != current_owner:
+        raise OwnerMismatch(session, epoch=owner_epoch, owner=owner, current_owner=current_owner)
+
+
+class IdempotencyConflict(ShadowpodError):
+    """An entry whose idempotency key was journaled before with other content: a key
+    names one entry, so the write is refused rather than taken for a repeat."""
+
+    reason = "IdempotencyConflict"
+
+    def __init__(self, session: str, *, entry_id: str, seq: int | None) -> None:
+        self.session = session
+        self.entry_id = entry_id
+        self.seq = seq
+        where = f"at seq {seq}" if seq is not None else "earlier in the same append"
+        super().__init__(
+            f"session {session!r}: id {entry_id!r} was journaled {where} with other "
+            "content; an id names one entry — send the same content to retry, or a new id "
+            "for a new entry (nothing of this append was journaled)"
+        )
+
+
 class EpochConflict(ShadowpodError):
     """A compare-and-set of the ownership record expected another epoch."""
 
@@ -96,6 +143,19 @@ class StoreUnavailable(ShadowpodError):
     """The database could not be reached; the operation did not happen and may be retried."""
 
     reason = "StoreUnavailable"
+
+
+class StoreFull(StoreUnavailable):
+    """The journal's disk (or database) is full: the write did not happen. Retrying
+    helps only once space is freed, so the gateway also reports itself not ready."""
+
+    reason = "StoreFull"
+
+    def __init__(self, detail: object) -> None:
+        super().__init__(
+            f"the journal's storage is full ({detail}): nothing was written; free space or "
+            "grow the volume, then retry"
+        )
 
 
 class InvalidOwnership(ShadowpodError, ValueError):

@@ -4,9 +4,13 @@ Guarantees every backend gives (checked by the shared contract suite in
 ``tests/journal/``):
 
 - ``append`` assigns gap-free seqs from 1 per session; an entry whose ``id`` was
-  appended before returns the original seq and appends nothing; with ``owner_epoch``
-  the epoch check and the write happen in one transaction (``Fenced`` otherwise); the
-  entries are durable before ``append`` returns.
+  appended before by the same ``Writer`` with the same kind and payload returns the
+  original seq and appends nothing; with other content it is ``IdempotencyConflict``
+  and nothing of the append is journaled — except for an owner redoing a turn an
+  older epoch's owner journaled (its entry is absorbed: what was journaled stands).
+  With ``owner_epoch`` (and ``owner``, the instance) the epoch check and the write
+  happen in one transaction (``Fenced`` otherwise); the entries are durable before
+  ``append`` returns.
 - An appended ``ack`` entry written by an owner moves that epoch's ack watermark in
   the same transaction.
 - A compare-and-set that changes the epoch journals a ``control``/``epoch`` entry in
@@ -23,6 +27,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from enum import IntEnum
 from typing import Final, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +39,17 @@ from shadowpod.domain.ownership import Ownership
 # Each may be as large as the gateway's snapshot limit, and they share one disk with
 # every other session: an owner putting one at every watermark used to fill it.
 MAX_SNAPSHOTS_PER_SESSION: Final = 16
+
+
+class Writer(IntEnum):
+    """Who journals an entry. Idempotency keys are scoped by it: a key one writer
+    chose never suppresses another's (a client posting the id an agent derives for its
+    next output, ``t<seq>:<n>``, its ack ``ack:<seq>``, or a schedule fire's
+    ``schedule:...``, must not make the real write come back as a repeat)."""
+
+    OWNER = 0  # the session's owner, at its epoch (``owner_epoch``)
+    CLIENT = 1  # clients' posts
+    GATEWAY = 2  # what the gateway journals itself: markers, fires, bindings, drains
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +121,18 @@ class JournalStore(Protocol):
 
     # journal
     async def append(
-        self, session: str, entries: Sequence[NewEntry], owner_epoch: int | None = None
-    ) -> list[Appended]: ...
+        self,
+        session: str,
+        entries: Sequence[NewEntry],
+        owner_epoch: int | None = None,
+        *,
+        owner: str | None = None,
+        writer: Writer = Writer.GATEWAY,
+    ) -> list[Appended]:
+        """With ``owner_epoch``: an owner write (``writer`` is then ``OWNER``), refused
+        (``Fenced``) unless the session's epoch is ``owner_epoch`` and, when ``owner``
+        is given, the instance named owner at it is ``owner``."""
+        ...
 
     async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]: ...
 
@@ -139,11 +165,21 @@ class JournalStore(Protocol):
 
     # snapshots
     async def put_snapshot(
-        self, session: str, *, watermark: int, schema_version: int, document_json: bytes
+        self,
+        session: str,
+        *,
+        watermark: int,
+        schema_version: int,
+        document_json: bytes,
+        owner_epoch: int | None = None,
+        owner: str | None = None,
     ) -> SnapshotInfo:
         """Store ``document_json`` (the state document as JSON text, stored as it is:
         the caller checks it is a JSON object) as the snapshot at ``watermark``, and
-        delete what falls out of the ``MAX_SNAPSHOTS_PER_SESSION`` newest."""
+        delete what falls out of the ``MAX_SNAPSHOTS_PER_SESSION`` newest. With
+        ``owner_epoch`` (and ``owner``), an owner's write: refused (``Fenced``) in the
+        write's transaction unless the session is at that epoch (and that owner), as
+        ``append`` does — a fenced-out owner cannot replace what the next one restores."""
         ...
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot: ...

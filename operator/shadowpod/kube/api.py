@@ -78,6 +78,7 @@ class KubeApi:
                 body=body,
                 _preload_content=False,
                 _return_http_data_only=True,
+                auth_settings=["BearerToken"],
             )
             text = await response.text()
             status = response.status
@@ -102,6 +103,7 @@ class KubeApi:
                 header_params={"Accept": "application/json"},
                 _preload_content=False,
                 _return_http_data_only=True,
+                auth_settings=["BearerToken"],
             )
             return response.status, await response.text()
         except ApiException as exc:

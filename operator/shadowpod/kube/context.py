@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ logger = logging.getLogger("shadowpod.operator")
 
 EventType = Literal["Normal", "Warning"]
 COMPONENT = "shadowpod-operator"
+# Which operator process reported an event: its pod's name in a cluster.
+REPORTING_INSTANCE = socket.gethostname()[:128] or COMPONENT
 
 
 @dataclass
@@ -108,6 +111,9 @@ class OperatorContext:
             "message": message[:1024],
             "source": {"component": COMPONENT},
             "reportingComponent": COMPONENT,
+            # A real API server requires both of an event with an eventTime (422 without).
+            "reportingInstance": REPORTING_INSTANCE,
+            "action": reason[:128],
             "firstTimestamp": now,
             "lastTimestamp": now,
             "eventTime": now,

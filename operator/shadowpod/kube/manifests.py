@@ -26,6 +26,12 @@ AGENT_NAME_ANNOTATION: Final = f"{names.PREFIX}/agent-name"
 AGENT_PRINCIPLES_ANNOTATION: Final = f"{names.PREFIX}/agent-principles"
 # Beyond the drain grace the agent gets, for flushing and reporting its drain.
 EXIT_MARGIN_S: Final = 10
+# The mode of the identity and credential files in an agent pod. The kubelet writes them
+# as root, and gives them a group only where the pod sets an fsGroup; the agent runs as
+# its image's user (the reference agent's is 65532), which the operator cannot know. So
+# they are readable by every user of the container, as Kubernetes' own default (0644)
+# and its ServiceAccount tokens are; 0400 left the agent unable to read its session id.
+READABLE_FILE: Final = 0o444
 
 
 def owner_reference(obj: dict[str, Any] | AgentSession) -> dict[str, Any]:
@@ -206,7 +212,7 @@ def _volumes(session: AgentSession) -> tuple[list[dict[str, Any]], list[dict[str
                         }
                     },
                 ],
-                "defaultMode": 0o400,
+                "defaultMode": READABLE_FILE,
             },
         }
     ]
@@ -216,7 +222,7 @@ def _volumes(session: AgentSession) -> tuple[list[dict[str, Any]], list[dict[str
     for index, credential in enumerate(spec.credentials):
         volume = f"credential-{index}"
         ref = credential.secret_ref
-        source: dict[str, Any] = {"secretName": ref.name, "defaultMode": 0o400}
+        source: dict[str, Any] = {"secretName": ref.name, "defaultMode": READABLE_FILE}
         mount: dict[str, Any] = {
             "name": volume,
             "mountPath": f"{names.CREDENTIALS_DIR}/{credential.name}",

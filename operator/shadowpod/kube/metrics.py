@@ -54,6 +54,11 @@ PAUSE_BUCKETS: Final = (
     600.0,
 )
 
+# A migration's duration as a share of its policy's maxDurationSeconds: the slow-migration
+# alert's threshold is one of these bounds.
+POLICY_SHARE_BUCKETS: Final = (0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 1.5, 2.0, 5.0)
+RESULTS: Final = ("Succeeded", "RolledBack", "Failed")
+
 # The share of compared turns that agreed: finer where the gates' thresholds are.
 AGREEMENT_BUCKETS: Final = (0.1, 0.25, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)
 
@@ -76,6 +81,17 @@ class OperatorMetrics:
             buckets=DURATION_BUCKETS,
             registry=r,
         )
+        self.migration_policy_share = Histogram(
+            "shadowpod_migration_duration_policy_ratio",
+            "A finished migration's duration divided by its policy's maxDurationSeconds.",
+            buckets=POLICY_SHARE_BUCKETS,
+            registry=r,
+        )
+        # Every result's series exists from the start at 0: a first slow or failed
+        # migration is an increase an alert sees, not a new series whose first sample
+        # is already 1 (which increase() cannot tell from one that was always there).
+        for result in RESULTS:
+            self.migration_duration.labels(result=result)
         self.phase_duration = Histogram(
             "shadowpod_migration_phase_duration_seconds",
             "Time a migration spent in each phase.",
@@ -102,6 +118,8 @@ class OperatorMetrics:
             ["phase"],
             registry=r,
         )
+        # migration id: (phase, when it entered it), for the migrations not finished.
+        self._phases: dict[str, tuple[str, float]] = {}
         self.sessions = Gauge(
             "shadowpod_sessions",
             "AgentSessions, by phase (Pending, Running, Migrating, Paused, Failed).",
@@ -153,3 +171,13 @@ class OperatorMetrics:
             registry=r,
         )
         self.build_info.labels(version=__version__).set(1)
+
+    def migration_in_phase(self, migration: str, phase: str | None, entered: float) -> None:
+        """Migration ``migration`` entered ``phase`` at ``entered`` (None: it finished):
+        each phase's gauge is the oldest entry of the migrations now in it, 0 when none."""
+        before = self._phases.pop(migration, None)
+        if phase is not None:
+            self._phases[migration] = (phase, entered)
+        for changed in {p for p in (before[0] if before else None, phase) if p is not None}:
+            times = [t for p, t in self._phases.values() if p == changed]
+            self.phase_entered.labels(phase=changed).set(min(times) if times else 0)

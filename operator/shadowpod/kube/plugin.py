@@ -4,6 +4,7 @@ answers an upgrade gate compared."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,19 +26,40 @@ class Target:
     namespace: str | None
 
 
+class KubeconfigUnusable(Exception):
+    """No kubeconfig, or one that names no usable cluster: says which file and what to do."""
+
+
+def _any_file(paths: str) -> bool:
+    """Whether any of KUBECONFIG's files (``:``-separated) is there: a stat, once."""
+    return any(os.path.isfile(os.path.expanduser(p)) for p in paths.split(os.pathsep) if p)
+
+
 @asynccontextmanager
 async def connect(target: Target) -> AsyncIterator[tuple[KubeApi, str]]:
     """The API and the namespace to use (the flag's, else the kubeconfig context's)."""
     configuration = client.Configuration()
-    await kube_config.load_kube_config(
-        config_file=target.kubeconfig,
-        context=target.context,
-        client_configuration=configuration,
-        persist_config=False,
-    )
+    where = target.kubeconfig or "~/.kube/config"
+    if not _any_file(where):
+        raise KubeconfigUnusable(
+            f"no kubeconfig at {where}: give one with --kubeconfig or KUBECONFIG (kubectl's "
+            "own works), and --context to pick a context"
+        )
+    try:
+        await kube_config.load_kube_config(
+            config_file=target.kubeconfig,
+            context=target.context,
+            client_configuration=configuration,
+            persist_config=False,
+        )
+        _, active = kube_config.list_kube_config_contexts(config_file=target.kubeconfig)
+    except (kube_config.ConfigException, OSError) as exc:
+        raise KubeconfigUnusable(
+            f"no usable kubeconfig ({where}: {exc}): give one with --kubeconfig or "
+            "KUBECONFIG, and --context to pick a context"
+        ) from None
     namespace = target.namespace
     if namespace is None:
-        _, active = kube_config.list_kube_config_contexts(config_file=target.kubeconfig)
         namespace = (active or {}).get("context", {}).get("namespace") or "default"
     async with client.ApiClient(configuration) as api:
         yield KubeApi(api), namespace

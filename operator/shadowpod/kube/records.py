@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import re
+import time
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -347,12 +348,20 @@ class MigrationRecords:
             metrics.in_progress.labels(phase=previous).dec()
         if record.phase not in TERMINAL:
             metrics.in_progress.labels(phase=record.phase).inc()
+            entered = record.timings.get(record.phase)
+            metrics.migration_in_phase(
+                record.spec.id, record.phase, entered.started if entered else time.time()
+            )
         else:
+            metrics.migration_in_phase(record.spec.id, None, 0)
             result = RESULTS[record.phase]
             reason = record.reason or record.spec.reason
             metrics.migrations.labels(result=result, reason=reason).inc()
             if record.total_s is not None:
                 metrics.migration_duration.labels(result=result).observe(record.total_s)
+                metrics.migration_policy_share.observe(
+                    record.total_s / record.spec.policy.max_duration_s
+                )
             if record.fence_pause_ms is not None:
                 metrics.fence_pause.observe(record.fence_pause_ms / 1000)
             if result != "Succeeded" and record.reason in VALIDATION_REASONS:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 from shadowpod.domain.entries import JournalEntry
 from shadowpod.domain.payloads import ControlEvent, EntryKind, ProcessOp, ScheduleOp
-from shadowpod.local.load import ClientLoad, Verdict
+from shadowpod.local.load import UNKNOWN_VERSION, ClientLoad, Verdict
 from shadowpod.local.outcome import MigrationOutcome
+from shadowpod.stats import percentile
 
 
 @dataclass
@@ -78,12 +79,50 @@ def _lost(verdict: Verdict) -> Check:
 
 
 def _one_version_per_reply(verdict: Verdict, migrations: Sequence[MigrationOutcome]) -> Check:
+    name = "one version per reply"
+    unversioned = verdict.versions.get(UNKNOWN_VERSION, 0)
+    if unversioned:
+        # Without it the client cannot tell which version answered: the check would
+        # count no switch, and say ok, whatever happened.
+        return Check(
+            name,
+            False,
+            f"{unversioned} of {verdict.replied} replies carry no meta.version: the agent "
+            "must say which version answered (turn.reply(text, version=agent.version))",
+        )
     # Any migration that moved the epoch changed the owner — one that then failed too.
     moves = sum(m.moved for m in migrations)
     return Check(
-        "one version per reply",
+        name,
         verdict.version_switches <= moves,
         f"versions changed {verdict.version_switches} times over {moves} owner changes",
+    )
+
+
+def replies_kept_up(load: ClientLoad, *, max_p99_s: float) -> Check:
+    """The client's replies came within ``max_p99_s`` (p99): an agent slower than the
+    rate it is sent answers every message, late and later; that is not a pass. Says
+    the rate the agent sustained: replies over the time from the first message sent
+    to the last reply (an agent behind works through its backlog without a pause)."""
+    name = "replies kept up with the load"
+    answered = load.answered()
+    if not answered or not load.sent:
+        return Check(name, False, "no message was answered")
+    p99 = percentile([latency for _, latency in answered], 99)
+    last_reply = max(sent_at + latency for sent_at, latency in answered)
+    sustained = len(answered) / max(last_reply - load.sent[0].at, 1e-9)
+    if p99 <= max_p99_s:
+        return Check(
+            name,
+            True,
+            f"p99 {p99 * 1000:.0f} ms (bound {max_p99_s:g} s); {load.rate:g} msg/s sent",
+        )
+    return Check(
+        name,
+        False,
+        f"replies fell behind: p99 {p99:.1f} s (bound {max_p99_s:g} s); the agent answered "
+        f"{sustained:.1f} msg/s while {load.rate:g} msg/s were sent — run it at --rate "
+        f"{max(1, int(sustained * 0.8))} or make its turns faster",
     )
 
 

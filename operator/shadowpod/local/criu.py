@@ -175,6 +175,7 @@ class CriuRuntime(LocalRuntime):
             instance=spec.name,
             gateway=self.gateway_url,
             token=token,
+            owner_credential=self.owner_credential(spec.session, spec.name),
             environment={
                 "SHADOWPOD_MODE": "shadow",
                 "SHADOWPOD_LISTEN": f"{host}:{AGENT_PORT}",

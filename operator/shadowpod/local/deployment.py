@@ -28,6 +28,7 @@ from shadowpod.local.images import ImageMap
 from shadowpod.local.records import FileRecordStore
 from shadowpod.local.runtime import LocalRuntime
 from shadowpod.local.validation import local_validator
+from shadowpod.sessions.tokens import new_owner_key
 
 
 class LocalDeployment:
@@ -39,14 +40,18 @@ class LocalDeployment:
         journal_url: str | None = None,
         warm_spares: bool = False,
         checkpoints: bool = False,
+        gateway_port: int | None = None,
     ) -> None:
         """``checkpoints``: agents that CRIU can checkpoint (``shadowpod.local.criu``),
-        and migrations with the ``criu`` strategy; no warm spares then."""
+        and migrations with the ``criu`` strategy; no warm spares then.
+        ``gateway_port``: the gateway's (default: a free one)."""
         # Absolute: instances and the gateway are told paths that must not depend on
         # the directory they run in.
         workdir = workdir.absolute()
         self.workdir = workdir
-        self.gateway = GatewayProcess(workdir / "gateway", journal_url=journal_url)
+        self.gateway = GatewayProcess(
+            workdir / "gateway", journal_url=journal_url, port=gateway_port
+        )
         self.checkpointer: CriuRuntime | None = None
         if checkpoints:
             self.runtime: LocalRuntime = CriuRuntime(
@@ -104,7 +109,9 @@ class LocalDeployment:
         identity: SessionIdentity | None = None,
     ) -> str:
         """Create ``session`` and start its first owner (epoch 1). Returns the agent
-        token. ``identity``: who the agent is (its name and principles), as files."""
+        token. ``identity``: who the agent is (its name and principles), as files.
+        Owners write with credentials: the key is made here and kept by the runtime."""
+        owner_key = new_owner_key()
         created, _ = await start_session(
             self.admin,
             CreateSession(
@@ -114,12 +121,13 @@ class LocalDeployment:
                     for name in credentials
                 ],
                 schedules=list(schedules),
+                owner_key=owner_key,
             ),
             owner=instance,
         )
         if created.agent_token is None:  # only a caller that sent a token hash gets none
             raise RuntimeError("the gateway returned no agent token for a session it made")
-        self.runtime.register_session(session, created.agent_token, identity)
+        self.runtime.register_session(session, created.agent_token, identity, owner_key)
         await self.runtime.start(
             InstanceSpec(
                 name=instance, image=image, session=session, mode="owner", epoch=FIRST_EPOCH
@@ -148,6 +156,16 @@ class LocalDeployment:
 
     def next_name(self, session: str) -> str:
         return f"{session}-{next(self._names)}"
+
+    def names_used(self) -> None:
+        """Continue instance names after those an earlier run left in the work
+        directory (a resumed deployment's instances get directories of their own)."""
+        used = [
+            int(suffix)
+            for home in (self.workdir / "instances").glob("*-*")
+            if (suffix := home.name.rsplit("-", 1)[1]).isdigit()
+        ]
+        self._names = itertools.count(max(used, default=0) + 1)
 
     def plan(
         self,

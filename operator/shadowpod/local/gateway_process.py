@@ -27,6 +27,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return port
 
 
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
 class GatewayProcess:
     """``start()`` launches and waits for ``/readyz``; ``stop()`` sends SIGTERM (or SIGKILL)."""
 

@@ -21,6 +21,7 @@ Placeholders in commands and env values: ``{python}`` (this interpreter),
 from __future__ import annotations
 
 import os
+import site
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -96,11 +97,21 @@ class ImageMap(BaseModel):
 
 
 def examples_dir() -> Path:
-    """``$SHADOWPOD_EXAMPLES``, or the ``examples/`` folder next to the source tree."""
+    """Where the agents the commands run are: ``$SHADOWPOD_EXAMPLES``; else the
+    ``examples/`` folder of the source tree this package runs from (a clone); else
+    ``share/shadowpod/examples`` where the wheel installed them (pyproject.toml's
+    data files: under the environment's prefix, or the user's base for ``--user``)."""
     configured = os.environ.get("SHADOWPOD_EXAMPLES")
     if configured:
         return Path(configured)
-    return Path(__file__).resolve().parents[3] / "examples"
+    source_tree = Path(__file__).resolve().parents[3] / "examples"
+    if source_tree.is_dir():
+        return source_tree
+    for base in (sys.prefix, site.getuserbase()):
+        installed = Path(base) / "share" / "shadowpod" / "examples"
+        if installed.is_dir():
+            return installed
+    return source_tree
 
 
 def reference_images(heartbeat_s: float = 0.0) -> ImageMap:

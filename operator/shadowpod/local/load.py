@@ -24,6 +24,9 @@ import aiohttp
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.stats import percentile
 
+# The version of a reply whose meta names none.
+UNKNOWN_VERSION: Final = "?"
+
 RETRY_S: Final = 0.05
 GIVE_UP_S: Final = 60.0
 EXTRA_BASE: Final = 1_000_000  # the numbers of messages outside the steady rate
@@ -185,7 +188,7 @@ class ClientLoad:
                             turn,
                             entry.seq,
                             str(payload.get("content", "")),
-                            str(meta.get("version", "?")),
+                            str(meta.get("version", UNKNOWN_VERSION)),
                             now,
                         )
                         self.replies.setdefault(turn, []).append(reply)

@@ -41,11 +41,17 @@ from shadowpod.agent.termination import TERMINATION_LOG_ENV
 from shadowpod.api.models import DrainReport
 from shadowpod.client.agent import instance_status, read_agent_status
 from shadowpod.client.gateway import GatewayClient, GatewayError
-from shadowpod.engine.ports import ImageInfo, InstanceSpec, InstanceStatus, RuntimeFailure
+from shadowpod.engine.ports import (
+    ImageInfo,
+    InstanceSpec,
+    InstanceStatus,
+    RuntimeFailure,
+)
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 from shadowpod.local.exits import TERMINATION_LOG, exit_reason
 from shadowpod.local.images import ImageMap, LocalImage
 from shadowpod.local.orphans import INVENTORY_ENV, TAG_ENV, Reaped, drain_report, kill_tagged
+from shadowpod.sessions.tokens import owner_credential
 
 logger = logging.getLogger(__name__)
 AGENT_PORT: Final = 8080
@@ -107,6 +113,7 @@ class LocalRuntime:
         self.credentials_dir = credentials_dir or workdir / "credentials"
         self._env = env or {}
         self._tokens: dict[str, str] = {}
+        self._owner_keys: dict[str, str] = {}  # session -> its owner key
         self._instances: dict[str, LocalInstance] = {}
         # A random /16 inside 127.0.0.0/8 per runtime, so that several local
         # deployments on one machine (parallel test runs, a demo) do not collide.
@@ -126,13 +133,28 @@ class LocalRuntime:
         self._identities: dict[str, SessionIdentity] = {}
 
     def register_session(
-        self, session: str, agent_token: str, identity: SessionIdentity | None = None
+        self,
+        session: str,
+        agent_token: str,
+        identity: SessionIdentity | None = None,
+        owner_key: str | None = None,
     ) -> None:
         """The agent token instances of ``session`` present (given once at creation),
-        and the session's identity, given to every instance as files."""
+        the session's identity, given to every instance as files, and its owner key
+        (the session was created with it), from which each instance's owner credential
+        is derived here: starting an instance never needs the gateway up."""
         self._tokens[session] = agent_token
         if identity is not None:
             self._identities[session] = identity
+        if owner_key is not None:
+            self._owner_keys[session] = owner_key
+
+    def owner_credential(self, session: str, instance: str) -> str | None:
+        """The instance's owner credential (``None``: the session has none)."""
+        owner_key = self._owner_keys.get(session)
+        if owner_key is None:
+            return None
+        return owner_credential(owner_key, session, instance)
 
     def instance(self, name: str) -> LocalInstance | None:
         return self._instances.get(name)
@@ -237,6 +259,7 @@ class LocalRuntime:
             instance=spec.name,
             gateway=self.gateway_url,
             token=self._tokens[spec.session],
+            owner_credential=self.owner_credential(spec.session, spec.name),
             agent_name=None if persona is None else persona.name,
             principles=None if persona is None else persona.principles,
         )
@@ -409,7 +432,9 @@ class LocalRuntime:
         process: one it sent itself before dying is not doubled)."""
         token = self._tokens.get(session)
         deadline = asyncio.get_running_loop().time() + REPORT_RETRY_S
-        async with GatewayClient(self.gateway_url, token) as client:
+        credential = self.owner_credential(session, report.instance)
+        owner = None if credential is None else (report.instance, credential)
+        async with GatewayClient(self.gateway_url, token, owner=owner) as client:
             while True:
                 try:
                     await client.drained(session, report)

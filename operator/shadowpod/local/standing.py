@@ -16,7 +16,11 @@ through the engine. Other commands reach it over a Unix socket in the work direc
 
 The migration runs here, not in the command that asked for it: a ``migrate`` that is
 interrupted stops watching, and the session keeps its owner whatever happens.
-``up.json`` in the work directory says where everything is (``deployment_file``).
+``up.json`` in the work directory says where everything is (``deployment_file``)
+while it runs; ``deployment.json`` (``saved_file``) what it serves — each session's
+image, the image map — and stays when it stops: ``resume()`` starts the gateway on
+the same journal and each session's owner again, at the next epoch, from its latest
+snapshot and the journal (the recovery path a lost pod takes on Kubernetes).
 """
 
 from __future__ import annotations
@@ -32,17 +36,48 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from shadowpod.engine.ports import ImageNotFound
+from shadowpod.engine.ports import ImageNotFound, InstanceSpec
 from shadowpod.engine.record import InstanceRef, MigrationRecord, Phase
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.images import ImageMap
 
 DEPLOYMENT_FILE: Final = "up.json"
+SAVED_FILE: Final = "deployment.json"
 SOCKET_FILE: Final = "up.sock"
 
 
 def deployment_file(workdir: Path) -> Path:
     return workdir / DEPLOYMENT_FILE
+
+
+def saved_file(workdir: Path) -> Path:
+    return workdir / SAVED_FILE
+
+
+@dataclass(frozen=True)
+class SavedDeployment:
+    """What a stopped (or killed) ``shadowpod up`` served: enough to resume it."""
+
+    images: Path | None  # the image map it was given; None: the reference agent's
+    port: int
+    sessions: dict[str, str]  # session: the image its owner runs
+
+    @classmethod
+    def load(cls, workdir: Path) -> SavedDeployment | None:
+        """None when the directory holds no deployment; ValueError when the file is
+        not one ``shadowpod up`` wrote."""
+        path = saved_file(workdir)
+        if not path.exists():
+            return None
+        try:
+            raw = json.loads(path.read_text())
+            return cls(
+                images=Path(raw["images"]) if raw["images"] else None,
+                port=int(raw["port"]),
+                sessions={str(k): str(v) for k, v in raw["sessions"].items()},
+            )
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{path} is not a deployment shadowpod up wrote ({exc})") from None
 
 
 @dataclass
@@ -65,12 +100,19 @@ class MigrationRefused(Exception):
 class StandingDeployment:
     """``start()`` brings up a gateway and ``session`` on ``image``; ``close()`` stops all."""
 
-    def __init__(self, workdir: Path, images: ImageMap, *, port: int | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        images: ImageMap,
+        *,
+        port: int | None = None,
+        images_path: Path | None = None,
+    ) -> None:
         self.workdir = workdir.absolute()
         self.images = images
-        self.deployment = LocalDeployment(self.workdir, images)
-        if port is not None:
-            self.deployment.gateway.port = port
+        self.images_path = images_path.absolute() if images_path else None
+        # The port goes in first: the runtime and the engine's client take the URL.
+        self.deployment = LocalDeployment(self.workdir, images, gateway_port=port)
         self.sessions: dict[str, StandingSession] = {}
         self.migrations: dict[str, MigrationRecord] = {}
         self._runner: web.AppRunner | None = None
@@ -88,13 +130,51 @@ class StandingDeployment:
         )
         standing = StandingSession(session, owner, token)
         self.sessions[session] = standing
-        token_file = self.workdir / "sessions" / session / "agent-token"
+        token_file = self._token_file(session)
         token_file.parent.mkdir(parents=True, exist_ok=True)
         token_file.write_text(token + "\n")
         token_file.chmod(0o600)
         await self._serve()
         self._write_deployment_file()
         return standing
+
+    async def resume(self, saved: SavedDeployment) -> list[tuple[StandingSession, int]]:
+        """Serve ``saved``'s sessions again: the gateway on the same journal, and each
+        session's owner started anew at the next epoch (from its latest snapshot and
+        the journal). Returns each session with the epoch it was at."""
+        for image in saved.sessions.values():
+            self.images.resolve(image)  # an image no longer in the map: refused first
+        self.deployment.names_used()
+        await self.deployment.__aenter__()
+        resumed = []
+        for name, image in saved.sessions.items():
+            token = self._token_file(name).read_text().strip()
+            ownership = await self.deployment.control.ownership(name)
+            owner = InstanceRef(name=self.deployment.next_name(name), image=image)
+            # The epoch first: whatever the last owner was doing, it may write no more.
+            await self.deployment.control.set_owner(
+                name, expect_epoch=ownership.epoch, epoch=ownership.epoch + 1, owner=owner.name
+            )
+            self.deployment.runtime.register_session(name, token)
+            await self.deployment.runtime.start(
+                InstanceSpec(
+                    name=owner.name,
+                    image=image,
+                    session=name,
+                    mode="owner",
+                    epoch=ownership.epoch + 1,
+                )
+            )
+            await self.deployment.wait_serving(owner.name)
+            standing = StandingSession(name, owner, token)
+            self.sessions[name] = standing
+            resumed.append((standing, ownership.epoch))
+        await self._serve()
+        self._write_deployment_file()
+        return resumed
+
+    def _token_file(self, session: str) -> Path:
+        return self.workdir / "sessions" / session / "agent-token"
 
     async def close(self) -> None:
         deployment_file(self.workdir).unlink(missing_ok=True)
@@ -241,10 +321,21 @@ class StandingDeployment:
         return 200, record.model_dump(mode="json")
 
     def _write_deployment_file(self) -> None:
-        path = deployment_file(self.workdir)
-        temporary = path.with_suffix(".tmp")
-        temporary.write_text(json.dumps({**self.status(), "socket": str(self.socket)}, indent=2))
-        temporary.replace(path)
+        _write(deployment_file(self.workdir), {**self.status(), "socket": str(self.socket)})
+        _write(
+            saved_file(self.workdir),
+            {
+                "images": str(self.images_path) if self.images_path else None,
+                "port": self.deployment.gateway.port,
+                "sessions": {s.name: s.owner.image for s in self.sessions.values()},
+            },
+        )
+
+
+def _write(path: Path, content: Any) -> None:
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(content, indent=2))
+    temporary.replace(path)
 
 
 def _json(

@@ -41,6 +41,24 @@ def check_name(served: ServedResource, name: str) -> None:
         )
 
 
+def event_problems(served: ServedResource, obj: dict[str, Any]) -> list[tuple[str, str]]:
+    """A real API server's check of a new Event (ValidateEventCreate): one with an
+    eventTime (and every events.k8s.io Event) must say who reported it and what was
+    done, each in at most 128 characters; without an eventTime it is a legacy Event and
+    needs none of them."""
+    if served.group != "events.k8s.io" and not obj.get("eventTime"):
+        return []
+    controller = "reportingController" if served.group else "reportingComponent"
+    problems = []
+    for field in (controller, "reportingInstance", "action"):
+        value = obj.get(field)
+        if not value:
+            problems.append((field, "Required value"))
+        elif len(str(value)) > 128:
+            problems.append((field, "Too long: may not be more than 128 bytes"))
+    return problems
+
+
 def prepare_create(served: ServedResource, obj: dict[str, Any]) -> None:
     """Defaults and validation of a new object, in place (server fields are set apart)."""
     if served.has_status and served.plural not in STATUS_ON_CREATE:
@@ -51,6 +69,10 @@ def prepare_create(served: ServedResource, obj: dict[str, Any]) -> None:
     elif served.plural == "secrets":
         _fold_string_data(served, obj, name)
         obj.setdefault("type", "Opaque")
+    elif served.plural == "events":
+        problems = event_problems(served, obj)
+        if problems:
+            raise invalid(served.kind, name, problems, served.group)
     elif served.plural == "namespaces":
         obj.setdefault("spec", {})["finalizers"] = ["kubernetes"]
         obj["status"] = {"phase": "Active"}

@@ -41,7 +41,7 @@ from shadowpod.gateway.context import (
 )
 from shadowpod.gateway.errors import STATUS_OF, ApiError, field_errors
 from shadowpod.gateway.routes.owner import deliver, owner_append
-from shadowpod.journal.errors import Fenced
+from shadowpod.journal.errors import Fenced, OwnerMismatch
 from shadowpod.sessions.gates import SessionGate, Superseded
 
 logger = logging.getLogger(__name__)
@@ -60,11 +60,13 @@ class OwnerChannel:
         epoch: int,
         ws: web.WebSocketResponse,
         after: int,
+        owner: str | None = None,
     ) -> None:
         self.gw = gw
         self.gate = gate
         self.session = session
         self.epoch = epoch
+        self.owner = owner
         self.ws = ws
         self.cursor = after
         self.sent_released = -1
@@ -158,7 +160,7 @@ class OwnerChannel:
                 ) from None
             self._appending += 1
             try:
-                results = await owner_append(self.gw, self.session, entries, self.epoch)
+                results = await owner_append(self.gw, self.session, entries, self.epoch, self.owner)
             finally:
                 self._appending -= 1
             answer: dict[str, Any] = {
@@ -211,12 +213,14 @@ class OwnerChannel:
 async def owner_channel(request: web.Request) -> web.StreamResponse:
     gw = gateway(request)
     session = session_of(request)
-    await gw.auth.agent(request, session)
+    owner = await gw.auth.owner(request, session)
     epoch = required_int_query(request, "epoch", minimum=1)
     after = int_query(request, "after", 0)
     current = await gw.store.get_ownership(session)
     if current.epoch != epoch:
         raise Fenced(session, epoch=epoch, current=current.epoch)
+    if owner is not None and current.owner != owner:
+        raise OwnerMismatch(session, epoch=epoch, owner=owner, current_owner=current.owner)
     gate = await gw.gates.get(session)
     # No per-message compression: frames are small JSON, and deflating each one cost
     # the gateway a tenth of its CPU under load.
@@ -224,10 +228,11 @@ async def owner_channel(request: web.Request) -> web.StreamResponse:
         heartbeat=20.0, max_msg_size=gw.config.max_body_bytes, compress=False
     )
     await ws.prepare(request)
-    channel = OwnerChannel(gw, gate, session, epoch, ws, after)
+    channel = OwnerChannel(gw, gate, session, epoch, ws, after, owner)
     task = asyncio.current_task()
     assert task is not None
     gw.streams.add(task)
+    gw.owner_channels.setdefault(session, set()).add(task)
     gauge = gw.metrics.streams.labels(kind="owner")
     gauge.inc()
     pump = asyncio.create_task(channel.pump())
@@ -245,5 +250,9 @@ async def owner_channel(request: web.Request) -> web.StreamResponse:
             await pump
         gauge.dec()
         gw.streams.discard(task)
+        if (open_channels := gw.owner_channels.get(session)) is not None:
+            open_channels.discard(task)
+            if not open_channels:
+                gw.owner_channels.pop(session, None)
         await ws.close()
     return ws

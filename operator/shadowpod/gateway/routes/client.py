@@ -19,7 +19,7 @@ from shadowpod.gateway.context import (
 )
 from shadowpod.gateway.errors import read_body
 from shadowpod.gateway.streams import EntryFilter, open_stream, pump, resume_point
-from shadowpod.journal.store import JournalStore
+from shadowpod.journal.store import JournalStore, Writer
 
 routes = web.RouteTableDef()
 
@@ -34,7 +34,7 @@ async def post_message(request: web.Request) -> web.Response:
     if body.meta:
         payload["meta"] = body.meta
     entry = NewEntry(id=body.id or new_entry_id(), kind=EntryKind.MESSAGE, payload=payload)
-    [appended] = await gw.store.append(session, [entry])
+    [appended] = await gw.store.append(session, [entry], writer=Writer.CLIENT)
     source = "client"
     gw.metrics.appends.labels(source=source).inc(0 if appended.duplicate else 1)
     if appended.duplicate:

@@ -8,6 +8,8 @@ from shadowpod.api.models import (
     CreateSession,
     FenceRequest,
     FenceResult,
+    OwnerCredential,
+    OwnerCredentialRequest,
     OwnershipChange,
     SessionCreated,
     SessionSummary,
@@ -28,7 +30,14 @@ from shadowpod.gateway.context import gateway, json_response, session_of
 from shadowpod.gateway.errors import ApiError, parse_body, read_body, read_raw_body
 from shadowpod.journal.errors import EpochConflict
 from shadowpod.sessions.fence import FenceTimeout
-from shadowpod.sessions.tokens import AGENT_TOKEN_META, new_token, token_hash
+from shadowpod.sessions.tokens import (
+    AGENT_TOKEN_META,
+    OWNER_KEY_META,
+    new_owner_key,
+    new_token,
+    owner_credential,
+    token_hash,
+)
 
 routes = web.RouteTableDef()
 
@@ -38,14 +47,20 @@ async def create_session(request: web.Request) -> web.Response:
     gw = gateway(request)
     gw.auth.control(request)
     body = await read_body(request, CreateSession)
-    if AGENT_TOKEN_META in body.meta:
-        raise ApiError(400, "InvalidRequest", f"meta key {AGENT_TOKEN_META!r} is reserved")
+    for reserved in (AGENT_TOKEN_META, OWNER_KEY_META):
+        if reserved in body.meta:
+            raise ApiError(400, "InvalidRequest", f"meta key {reserved!r} is reserved")
     token: str | None = None
     digest = body.agent_token_sha256
     if digest is None:
         token = new_token()
         digest = token_hash(token)
-    await gw.store.create_session(body.session, meta={**body.meta, AGENT_TOKEN_META: digest})
+    meta = {**body.meta, AGENT_TOKEN_META: digest}
+    if body.owner_key is not None:
+        meta[OWNER_KEY_META] = body.owner_key
+    elif body.owner_credentials:
+        meta[OWNER_KEY_META] = new_owner_key()
+    await gw.store.create_session(body.session, meta=meta)
     entries = [
         NewEntry.of(
             CredentialPayload(name=c.name, secret_ref=c.secret_ref), id=f"credential:{c.name}"
@@ -68,6 +83,26 @@ async def create_session(request: web.Request) -> web.Response:
         gw.firer.touch(body.session)
     created = SessionCreated(session=body.session, agent_token=token)
     return json_response(created.model_dump(mode="json", exclude_none=True), status=201)
+
+
+@routes.post("/v1/sessions/{session}/owner-credentials", name="mint_owner_credential")
+async def mint_owner_credential(request: web.Request) -> web.Response:
+    """The owner credential of an instance, for whoever starts it (control token)."""
+    gw = gateway(request)
+    gw.auth.control(request)
+    session = session_of(request)
+    body = await read_body(request, OwnerCredentialRequest)
+    info = await gw.store.get_session(session)
+    owner_key = info.meta.get(OWNER_KEY_META)
+    if not owner_key:
+        raise ApiError(
+            409,
+            "NoOwnerCredentials",
+            f"session {session!r} was made without owner credentials: its owners write "
+            "with the agent token and their epoch alone",
+        )
+    credential = owner_credential(owner_key, session, body.instance)
+    return json_response(OwnerCredential(instance=body.instance, credential=credential))
 
 
 @routes.get("/v1/sessions", name="list_sessions")

@@ -40,7 +40,7 @@ from shadowpod.gateway.context import (
     session_of,
 )
 from shadowpod.gateway.errors import ApiError, read_body
-from shadowpod.journal.errors import Fenced, InvalidTurn
+from shadowpod.journal.errors import Fenced, InvalidTurn, OwnerMismatch
 from shadowpod.journal.store import Appended
 from shadowpod.sessions.gates import SessionGate, Superseded
 
@@ -83,10 +83,12 @@ async def owner_entries(request: web.Request) -> web.Response:
     """
     gw = gateway(request)
     session = session_of(request)
-    await gw.auth.agent(request, session)
+    owner = await gw.auth.owner(request, session)
     epoch = required_int_query(request, "epoch", minimum=1)
     after = int_query(request, "after", 0)
     known = int_query(request, "released", 0)
+    if owner is not None:  # the epoch alone is checked by the gate, as it streams
+        await check_owner(gw, session, epoch, owner)
     limit = min(int_query(request, "limit", 1000, minimum=1), gw.config.max_page)
     wait_s = float_query(request, "wait", 0.0, maximum=gw.config.max_wait_s)
     gate = await gw.gates.get(session)
@@ -120,12 +122,22 @@ async def something_new(
         await batches.aclose()
 
 
+async def check_owner(gw: Gateway, session: str, epoch: int, owner: str | None) -> None:
+    """``epoch`` is the session's, and ``owner`` (when the session has owner
+    credentials) the instance named owner at it: deliveries go to it and no other."""
+    current = await gw.store.get_ownership(session)
+    if current.epoch != epoch:
+        raise Fenced(session, epoch=epoch, current=current.epoch)
+    if owner is not None and current.owner != owner:
+        raise OwnerMismatch(session, epoch=epoch, owner=owner, current_owner=current.owner)
+
+
 def _appended_out(results: list[Appended]) -> list[AppendedOut]:
     return [AppendedOut(seq=r.seq, id=r.id, duplicate=r.duplicate) for r in results]
 
 
 async def owner_append(
-    gw: Gateway, session: str, entries: list[NewEntry], epoch: int
+    gw: Gateway, session: str, entries: list[NewEntry], epoch: int, owner: str | None
 ) -> list[Appended]:
     if len(entries) > gw.config.max_entries_per_append:
         raise ApiError(
@@ -134,7 +146,7 @@ async def owner_append(
             f"{len(entries)} entries in one append; at most {gw.config.max_entries_per_append}",
         )
     try:
-        results = await gw.store.append(session, entries, owner_epoch=epoch)
+        results = await gw.store.append(session, entries, owner_epoch=epoch, owner=owner)
     except Fenced:
         gw.metrics.fenced_writes.inc()
         raise
@@ -160,9 +172,9 @@ async def owner_append(
 async def append_journal(request: web.Request) -> web.Response:
     gw = gateway(request)
     session = session_of(request)
-    await gw.auth.agent(request, session)
+    owner = await gw.auth.owner(request, session)
     body = await read_body(request, AppendRequest)
-    results = await owner_append(gw, session, body.entries, body.epoch)
+    results = await owner_append(gw, session, body.entries, body.epoch, owner)
     # Every turn passes here: the answer is built as plain data (see AppendResponse).
     answer: dict[str, object] = {
         "appended": [{"seq": r.seq, "id": r.id, "duplicate": r.duplicate} for r in results]
@@ -183,11 +195,11 @@ async def append_journal(request: web.Request) -> web.Response:
 async def post_ack(request: web.Request) -> web.Response:
     gw = gateway(request)
     session = session_of(request)
-    await gw.auth.agent(request, session)
+    owner = await gw.auth.owner(request, session)
     body = await read_body(request, AckRequest)
     ack = NewEntry.of(AckPayload(turn=body.turn))
     try:
-        results = await owner_append(gw, session, [ack], body.epoch)
+        results = await owner_append(gw, session, [ack], body.epoch, owner)
     except InvalidTurn as exc:  # beyond the head, or not an inbound entry: nothing acked
         problem = f"{body.turn} is not an inbound entry at or below the head ({exc.head})"
         raise ApiError(400, exc.reason, str(exc), [FieldError(loc="turn", msg=problem)]) from None
@@ -196,11 +208,36 @@ async def post_ack(request: web.Request) -> web.Response:
 
 @routes.post("/v1/sessions/{session}/drained", name="post_drained")
 async def post_drained(request: web.Request) -> web.Response:
-    """A fenced owner reports the background work it stopped; journaled for the record."""
+    """A fenced owner reports the background work it stopped; journaled for the record.
+
+    Only of its own epoch: a report names the instance and the epoch it owned, and is
+    refused for an epoch not yet reached or for the current epoch of another owner
+    (an owner fenced out must not mark its successor's processes ended); with owner
+    credentials, only that instance reports (or the control plane on its behalf).
+    """
     gw = gateway(request)
     session = session_of(request)
-    await gw.auth.agent(request, session)
+    reporter = await gw.auth.owner(request, session)
     report = await read_body(request, DrainReport)
+    if reporter is not None and reporter != report.instance:
+        raise ApiError(
+            409,
+            "Fenced",
+            f"instance {reporter!r} reports its own drain, not {report.instance!r}'s",
+            [FieldError(loc="instance", msg=f"must be {reporter!r}, the instance reporting")],
+        )
+    current = await gw.store.get_ownership(session)
+    if report.epoch > current.epoch or (
+        report.epoch == current.epoch and report.instance != current.owner
+    ):
+        raise ApiError(
+            409,
+            "Fenced",
+            f"session {session!r} is at epoch {current.epoch}, owned by {current.owner!r}: "
+            f"{report.instance!r} did not own epoch {report.epoch}; a drain report is an "
+            "owner's, of the epoch it owned",
+            [FieldError(loc="epoch", msg=f"not an epoch {report.instance!r} owned")],
+        )
     entries = [
         NewEntry.of(
             ProcessPayload(name=p.name, op=ProcessOp(p.outcome), pid=p.pid, exit_code=p.exit_code),

@@ -25,6 +25,7 @@ from shadowpod.domain.bounds import INT32_MAX, INT64_MAX
 from shadowpod.domain.entries import format_ts
 from shadowpod.gateway.context import gateway, json_response, required_int_query, session_of
 from shadowpod.gateway.errors import ApiError, read_raw_body
+from shadowpod.gateway.routes.owner import check_owner
 from shadowpod.journal import codec
 from shadowpod.journal.errors import SnapshotNotFound
 from shadowpod.journal.store import Snapshot, SnapshotInfo
@@ -85,13 +86,19 @@ def _bare(snapshot: Snapshot) -> web.Response:
 
 @routes.put("/v1/sessions/{session}/snapshots/{watermark}", name="put_snapshot")
 async def put_snapshot(request: web.Request) -> web.Response:
+    """An owner write: only the owner at ``epoch`` (the instance named at it, for a
+    session with owner credentials) stores a snapshot, checked in the store's write
+    transaction; and the document must be the state at the URL's watermark — what the
+    next owner restores is what the journal says, never a relabelled older state."""
     gw = gateway(request)
     session = session_of(request)
-    await gw.auth.agent(request, session)
+    owner = await gw.auth.owner(request, session)
     watermark = _watermark(request)
     schema_version = required_int_query(request, "schema_version", minimum=1, maximum=INT32_MAX)
+    epoch = required_int_query(request, "epoch", minimum=1)
+    await check_owner(gw, session, epoch, owner)  # before reading what may be 256 MiB
     document = await read_raw_body(request, limit=gw.config.max_snapshot_bytes)
-    kind = await asyncio.to_thread(codec.json_type, document)
+    kind, says = await asyncio.to_thread(codec.json_shape, document)
     if kind is None:
         raise ApiError(400, "MalformedJSON", "the snapshot document is not valid JSON (UTF-8)")
     if kind != "object":
@@ -100,8 +107,25 @@ async def put_snapshot(request: web.Request) -> web.Response:
             "InvalidRequest",
             f"the snapshot document must be a JSON object (the session state), got {kind}",
         )
+    if says != watermark:
+        problem = (
+            f"the document is the state at watermark {says}, not {watermark}"
+            if says is not None
+            else "the document's watermark is not an integer"
+        )
+        raise ApiError(
+            400,
+            "InvalidSnapshot",
+            f"{problem}: store a snapshot at the watermark its document was folded to",
+            [FieldError(loc="watermark", msg=problem)],
+        )
     info = await gw.store.put_snapshot(
-        session, watermark=watermark, schema_version=schema_version, document_json=document
+        session,
+        watermark=watermark,
+        schema_version=schema_version,
+        document_json=document,
+        owner_epoch=epoch,
+        owner=owner,
     )
     return json_response(_info(info), status=201)
 

@@ -17,11 +17,15 @@ Needs the ``langgraph`` extra (``pip install 'shadowpod[langgraph]'``).
 """
 
 from shadowpod.integrations.langgraph.codec import ValueCodec
+from shadowpod.integrations.langgraph.middleware import ToolJournalMiddleware
 from shadowpod.integrations.langgraph.runs import (
     THREAD,
+    UnjournaledTools,
     default_input,
     graph_handler,
+    journal_tools,
     run_graph,
+    thread_from_meta,
     tool_node,
 )
 from shadowpod.integrations.langgraph.saver import ROOT, NotInATurn, ShadowpodSaver
@@ -31,9 +35,13 @@ __all__ = [
     "THREAD",
     "NotInATurn",
     "ShadowpodSaver",
+    "ToolJournalMiddleware",
+    "UnjournaledTools",
     "ValueCodec",
     "default_input",
     "graph_handler",
+    "journal_tools",
     "run_graph",
+    "thread_from_meta",
     "tool_node",
 ]

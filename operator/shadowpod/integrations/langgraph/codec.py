@@ -10,27 +10,44 @@ snapshot encodes, every shadow loads and a new owner decodes. Anything else JSON
 cannot hold (an ``Interrupt``, a ``Send``, a tuple, bytes, NaN) as
 LangGraph's own serializer writes it, in base64. Objects whose keys start with ``$``
 are wrapped, so no value of the graph is ever taken for one of these envelopes.
+
+A ``Send`` (the packet a conditional edge sends a node: ``create_react_agent`` sends
+each tool call with the graph's whole state) is encoded field by field, so that a list
+inside it can be a reference: given ``lists``, the encoder asks it of every list, and
+what it answers (``ShadowpodSaver``: ``{"$log": [channel, log, length], "+": [...]}``
+for a list that starts with the items of one of its channel logs) stands for the
+list; ``decode`` resolves such references with ``logs``. A value holding references
+is wrapped in ``{"$refs": [[channel, log], ...], "$value": ...}``, so that the logs it
+reads are known without walking it (retention keeps them).
 """
 
 from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, Final
 
 from langchain_core.messages import BaseMessage, message_to_dict, messages_from_dict
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.types import Send
 from pydantic import JsonValue
 
 _SCALARS = (str, int, bool, type(None))
+LOG_REF: Final = "$log"
+REFS: Final = "$refs"
+# A list to encode → what stands for it (a reference), or ``None``.
+ListRefs = Callable[[list[Any]], dict[str, JsonValue] | None]
+# A reference → the items it stands for.
+LogReader = Callable[[list[Any]], list[Any]]
 
 
 class ValueCodec:
     def __init__(self, serde: SerializerProtocol) -> None:
         self._serde = serde
 
-    def encode(self, value: Any) -> JsonValue:
+    def encode(self, value: Any, lists: ListRefs | None = None) -> JsonValue:
         kind = type(value)
         if kind in _SCALARS:
             scalar: JsonValue = value
@@ -38,19 +55,23 @@ class ValueCodec:
         if kind is float:
             return value if math.isfinite(value) else self._opaque(value)
         if kind is list:
-            return [self.encode(item) for item in value]
+            if lists is not None and (ref := lists(value)) is not None:
+                return ref
+            return [self.encode(item, lists) for item in value]
         if kind is dict and all(type(key) is str for key in value):
-            encoded = {key: self.encode(item) for key, item in value.items()}
+            encoded = {key: self.encode(item, lists) for key, item in value.items()}
             if any(key.startswith("$") for key in value):
                 return {"$dict": encoded}
             return encoded
         if isinstance(value, BaseMessage):
             return {"$message": _compact(message_to_dict(value), type(value))}
+        if kind is Send and value.timeout is None:
+            return {"$send": [value.node, self.encode(value.arg, lists)]}
         return self._opaque(value)
 
-    def decode(self, data: Any) -> Any:
+    def decode(self, data: Any, logs: LogReader | None = None) -> Any:
         if type(data) is list:
-            return [self.decode(item) for item in data]
+            return [self.decode(item, logs) for item in data]
         if type(data) is not dict:
             return data
         if len(data) == 1:
@@ -61,8 +82,17 @@ class ValueCodec:
                 kind, text = inner
                 return self._serde.loads_typed((kind, base64.b64decode(text)))
             if key == "$dict":
-                return {k: self.decode(v) for k, v in inner.items()}
-        return {key: self.decode(item) for key, item in data.items()}
+                return {k: self.decode(v, logs) for k, v in inner.items()}
+            if key == "$send":
+                node, arg = inner
+                return Send(node, self.decode(arg, logs))
+        if LOG_REF in data and len(data) <= 2:
+            if logs is None:
+                raise ValueError("a reference to a channel log, decoded without the saver")
+            return [*logs(data[LOG_REF]), *self.decode(data.get("+", []), logs)]
+        if REFS in data and len(data) == 2:
+            return self.decode(data["$value"], logs)
+        return {key: self.decode(item, logs) for key, item in data.items()}
 
     def _opaque(self, value: Any) -> JsonValue:
         kind, data = self._serde.dumps_typed(value)

@@ -59,7 +59,7 @@ def plan_pruning(
 ) -> Pruning | None:
     """What to delete from ``data`` (a thread namespace) to keep ``keep`` checkpoints
     and the head of every branch; ``None`` while under ``keep`` plus the slack."""
-    headers = {cid: header for held in data["checkpoints"].values() for cid, header in held.items()}
+    headers = headers_of(data)
     if len(headers) <= keep + slack(keep):
         return None
     parents = {header["parent"] for header in headers.values()}
@@ -67,6 +67,25 @@ def plan_pruning(
     kept |= {cid for cid in headers if cid not in parents}
     if data.get("latest") is not None:
         kept.add(data["latest"])
+    return plan_removal(base, data, kept, versions_of)
+
+
+def headers_of(data: dict[str, Any]) -> dict[str, Any]:
+    """Every checkpoint header of a thread namespace, by checkpoint id."""
+    return {cid: header for held in data["checkpoints"].values() for cid, header in held.items()}
+
+
+def plan_removal(
+    base: StatePath,
+    data: dict[str, Any],
+    kept: set[str],
+    versions_of: Callable[[Any], dict[str, Any]],
+) -> Pruning | None:
+    """What to delete from ``data`` to keep only the checkpoints ``kept``: the others'
+    headers and pending writes, the channel versions no kept checkpoint holds, the logs
+    no kept version reads (emptied: versions name logs by number), and ``latest`` when
+    it is not kept (the newest kept one then, or none). ``None``: nothing to remove."""
+    headers = headers_of(data)
     dropped = [cid for cid in headers if cid not in kept]
     if not dropped:
         return None
@@ -76,13 +95,17 @@ def plan_pruning(
         pruning.deletes.append([*base, "checkpoints", held, cid])
         if cid in data["writes"].get(held, {}):
             pruning.deletes.append([*base, "writes", held, cid])
+    if data.get("latest") not in kept:
+        survivors = sorted(cid for cid in headers if cid in kept)
+        pruning.sets.append(([*base, "latest"], survivors[-1] if survivors else None))
     live: dict[str, set[str]] = {}
-    for cid in kept:
+    for cid in kept & headers.keys():
         for channel, version in versions_of(headers[cid]["versions"]).items():
             live.setdefault(channel, set()).add(str(version))
+    read_by_writes = referenced_logs(data, kept, live)
     for channel, stored in data["channels"].items():
         held_versions = live.get(channel, set())
-        read_logs: set[int] = set()
+        read_logs: set[int] = set(read_by_writes.get(channel, ()))
         for held, versions in stored["versions"].items():
             for version, known in versions.items():
                 if version in held_versions:
@@ -97,3 +120,43 @@ def plan_pruning(
                 pruning.sets.append(([*base, "channels", channel, "logs", log_no], []))
                 pruning.forgotten.append((channel, log_no))
     return pruning
+
+
+REFS: Final = "$refs"  # a stored value's wrapper naming the logs it refers to
+
+
+def referenced_logs(
+    data: dict[str, Any], kept: set[str], live: dict[str, set[str]]
+) -> dict[str, set[int]]:
+    """The logs that what is kept refers to, by channel: the values of the kept
+    checkpoints' pending writes, of the channel versions they hold (``live``), and of
+    the items of the logs those versions read (a ``Send`` of ``create_react_agent``
+    refers to the messages' log). Only the top of each value is looked at: a value
+    holding references says so there (``shadowpod.integrations.langgraph.codec``)."""
+    found: dict[str, set[int]] = {}
+
+    def note(value: Any) -> None:
+        if type(value) is dict and REFS in value:
+            for channel, log_no in value[REFS]:
+                found.setdefault(str(channel), set()).add(int(log_no))
+
+    for held in data["writes"].values():
+        for cid, writes in held.items():
+            if cid in kept:
+                for write in writes.values():
+                    note(write[2])
+    for channel, stored in data["channels"].items():
+        wanted = live.get(channel, set())
+        read: set[int] = set()
+        for versions in stored["versions"].values():
+            for version, known in versions.items():
+                if version in wanted:
+                    if "value" in known:
+                        note(known["value"])
+                    elif "log" in known:
+                        read.add(int(known["log"]))
+        for log_no in read:
+            for chunk in stored["logs"][log_no]:
+                for item in chunk:
+                    note(item)
+    return found

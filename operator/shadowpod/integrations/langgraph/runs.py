@@ -6,12 +6,10 @@
   the graph (``Command(resume=...)``). A turn redone by a new owner (the old one died
   mid-turn) resumes the run from the checkpoint saved with its last tool call,
   instead of starting it again.
-- ``tool_node`` is LangGraph's ``ToolNode`` with every call journaled by its
-  LangChain ``tool_call_id``: intent before, result after (``Turn.call``), the
-  checkpoint that asked for it saved with the intent. After an owner change, a call
-  with a result is answered from the journal; one with an intent only is repeated
-  if the tool is idempotent, and otherwise becomes an error ``ToolMessage`` saying
-  so — the graph's history stays whole, and the side effect is never repeated.
+- Every ``ToolNode`` of the graph — a plain one, ``create_react_agent``'s,
+  ``create_agent``'s — has its calls journaled by their LangChain ``tool_call_id``
+  before the graph first runs (``journal_tools``; ``shadowpod.integrations.langgraph.
+  tools`` says how): safe by default. ``tool_node`` builds one journaled from the start.
   An ``interrupt()`` inside a tool stops the graph to ask, journaled as the call's
   ``interrupted`` result (not its error); the answer resumes the graph, which runs the
   tool again from its start as LangGraph does, as a new call of the answering turn.
@@ -22,22 +20,24 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Final
+from weakref import WeakSet
 
-from langchain_core.messages import BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
 from langchain_core.tools import BaseTool
-from langgraph.errors import GraphInterrupt
 from langgraph.prebuilt import ToolNode
-from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.pregel import Pregel
 from langgraph.types import Command
 from pydantic import JsonValue
 
-from shadowpod.agent import ToolAbandoned, ToolFailed, Turn
+from shadowpod.agent import Turn
 from shadowpod.integrations.langgraph.saver import ShadowpodSaver
+from shadowpod.integrations.langgraph.tools import JOURNALED, around, journaled_calls
 
 THREAD: Final = "main"
 TURN_KEY: Final = "shadowpod_turn"  # in each checkpoint's metadata: the turn that wrote it
+# Graphs whose ToolNodes ``run_graph`` has journaled (a graph is built once, run often).
+_journaled_graphs: WeakSet[Pregel[Any, Any, Any, Any]] = WeakSet()
 
 
 def tool_node(
@@ -50,55 +50,55 @@ def tool_node(
     """A ``ToolNode`` whose calls are journaled. ``idempotent`` names the tools that
     are safe to repeat when their outcome is unknown (a tool whose ``metadata`` has
     ``idempotent: True`` is too); any other is never run twice."""
-    declared = frozenset(idempotent)
+    inner = options.pop("awrap_tool_call", None)
+    return ToolNode(
+        tools, awrap_tool_call=around(journaled_calls(saver, idempotent), inner), **options
+    )
 
-    async def journaled(
-        request: ToolCallRequest,
-        execute: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
-    ) -> ToolMessage | Command[Any]:
-        turn = saver.turn
-        if turn is None:  # run outside Shadowpod: nothing to journal
-            return await execute(request)
-        call = request.tool_call
-        name, call_id = call["name"], call["id"] or ""
-        metadata = request.tool.metadata if request.tool is not None else None
-        safe = name in declared or bool((metadata or {}).get("idempotent"))
-        # The checkpoint holding the model's answer goes with the intent: a new owner
-        # redoing this turn resumes from it, so asks for the same call ids.
-        turn.save_state()
 
-        async def run() -> JsonValue:
-            return saver.codec.encode(await execute(request))
+def journal_tools(
+    saver: ShadowpodSaver, graph: Pregel[Any, Any, Any, Any], *, idempotent: Collection[str] = ()
+) -> list[str]:
+    """Journal the calls of every ``ToolNode`` of ``graph`` (and of its subgraphs) not
+    journaled yet — a plain ``ToolNode``, ``create_react_agent``'s, ``create_agent``'s —
+    as ``tool_node`` does; ``run_graph`` (so ``graph_handler``) does it once per graph.
+    The names of the nodes it changed.
 
-        try:
-            args = saver.codec.encode(call["args"])
-            assert isinstance(args, dict)
-            recorded = await turn.call(
-                f"{turn.seq}:{call_id}",
-                name,
-                args,
-                run,
-                idempotent=safe,
-                # ``interrupt()`` in the tool: the graph stops to ask, the call is not
-                # over (LangGraph runs the tool again from its start when resumed).
-                interrupts=(GraphInterrupt,),
+    Refuses (``UnjournaledTools``) a ``ToolNode`` with only a synchronous
+    ``wrap_tool_call``: an agent's graph runs asynchronously, and the journal's wrapper
+    cannot call a synchronous one around the tool."""
+    changed: list[str] = []
+    for name, node in graph.nodes.items():
+        bound = node.bound
+        if isinstance(bound, Pregel):
+            changed += [
+                f"{name}/{inner}" for inner in journal_tools(saver, bound, idempotent=idempotent)
+            ]
+            continue
+        if not isinstance(bound, ToolNode):
+            continue
+        wrapper = bound._awrap_tool_call
+        if wrapper is not None and getattr(wrapper, JOURNALED, False):
+            continue
+        if wrapper is None and bound._wrap_tool_call is not None:
+            raise UnjournaledTools(
+                f"the ToolNode {name!r} has a synchronous wrap_tool_call only, so its calls "
+                "cannot be journaled around it: give it an async awrap_tool_call as well, or "
+                "build it with shadowpod.integrations.langgraph.tool_node(...)"
             )
-        except ToolAbandoned as exc:
-            return ToolMessage(
-                content=f"Not run again: {exc}. Tell the user it may or may not have happened.",
-                name=name,
-                tool_call_id=call_id,
-                status="error",
-            )
-        except ToolFailed as exc:
-            return ToolMessage(
-                content=f"Error: {exc.error}", name=name, tool_call_id=call_id, status="error"
-            )
-        result = saver.codec.decode(recorded)
-        assert isinstance(result, ToolMessage | Command)
-        return result
+        bound._awrap_tool_call = around(journaled_calls(saver, idempotent), wrapper)
+        changed.append(name)
+    return changed
 
-    return ToolNode(tools, awrap_tool_call=journaled, **options)
+
+class UnjournaledTools(ValueError):
+    pass
+
+
+def thread_from_meta(turn: Turn) -> str:
+    """The thread a message names in its ``meta.thread`` (a string), else ``THREAD``."""
+    thread = turn.inbound.meta.get("thread")
+    return thread if isinstance(thread, str) and thread else THREAD
 
 
 def default_input(turn: Turn) -> dict[str, Any]:
@@ -114,9 +114,14 @@ async def run_graph(
     input: Any,
     *,
     thread_id: str = THREAD,
+    idempotent: Collection[str] = (),
 ) -> dict[str, Any]:
-    """Run ``graph`` for this turn; its result (with ``__interrupt__`` when it stopped
-    to ask)."""
+    """Run ``graph`` for this turn on the thread ``thread_id``; its result (with
+    ``__interrupt__`` when it stopped to ask). Its ``ToolNode``s are journaled first
+    (``journal_tools``), ``idempotent`` naming the tools safe to repeat."""
+    if graph not in _journaled_graphs:
+        journal_tools(saver, graph, idempotent=idempotent)
+        _journaled_graphs.add(graph)
     config: RunnableConfig = {
         "configurable": {"thread_id": thread_id},
         "metadata": {TURN_KEY: turn.seq},
@@ -142,14 +147,26 @@ def graph_handler(
     *,
     input: Callable[[Turn], Any] = default_input,
     meta: Callable[[Turn], dict[str, JsonValue]] | None = None,
-    thread_id: str = THREAD,
+    thread_id: str | Callable[[Turn], str] = THREAD,
+    idempotent: Collection[str] = (),
 ) -> Callable[[Turn], Awaitable[None]]:
     """``@agent.on_message`` for a chat graph: each message a run of ``graph``; the
-    reply its last message, or the question of an interrupt (``meta.interrupt``)."""
+    reply its last message, or the question of an interrupt (``meta.interrupt``).
+
+    Every reply carries ``meta.version`` (the agent's version: what ``shadowpod demo``
+    and ``bench migrate`` count replies by) and whatever ``meta`` adds. ``thread_id``:
+    the graph's thread, or a function of the turn choosing one (``thread_from_meta``:
+    the message's ``meta.thread``) — several conversations in one session, each moved
+    with it. ``idempotent``: the tools safe to repeat (``journal_tools``)."""
 
     async def handle(turn: Turn) -> None:
-        result = await run_graph(saver, graph, turn, input(turn), thread_id=thread_id)
-        extra = meta(turn) if meta is not None else {}
+        thread = thread_id(turn) if callable(thread_id) else thread_id
+        result = await run_graph(
+            saver, graph, turn, input(turn), thread_id=thread, idempotent=idempotent
+        )
+        extra: dict[str, JsonValue] = {"version": turn.version}
+        if meta is not None:
+            extra.update(meta(turn))
         if interrupts := result.get("__interrupt__"):
             await turn.reply(str(interrupts[0].value), interrupt=True, **extra)
             return

@@ -27,16 +27,34 @@ shadow fills that cache before it is promoted (``agent.on_shadow_ready(saver.war
 so the new owner's first turn does not decode the whole conversation in the fence
 pause; ``decoded_in_turns`` counts the items decoded inside turns.
 
-Checkpoints are pruned: the ``keep`` newest per thread (256 by default) and the head
-of every branch stay (``shadowpod.integrations.langgraph.retention``).
+A value that holds a list starting with the items of a channel's log — a ``Send``
+of ``create_react_agent``, which hands each tool call a copy of the whole state —
+stores a reference to that log instead of the items again (``codec``), so it costs
+what it adds, not the conversation.
 
-Writes happen inside a turn (``saver.bound(turn)`` or ``saver.ainvoke``); outside
-one, a saver built on some state's values (``ShadowpodSaver(values=...)``) reads
-(``get_state_history`` on a folded journal, for instance).
+Items of a list channel are the cache's objects, shared with the graph: a node that
+changes one in place (``state["items"][0]["n"] += 1``) changes what the next turn
+reads, so the saver compares them with what it stored, by content, when the turn ends
+and before each tool call's save point (``settle``), and journals what changed: the
+owner and whoever folds the journal read the same. (Compared: plain JSON items
+whole, a chat message's fields; an object LangGraph's serializer writes opaquely is
+not.)
+
+Checkpoints are pruned: the ``keep`` newest per thread (256 by default) and the head
+of every branch stay (``shadowpod.integrations.langgraph.retention``). ``prune``,
+``copy_thread``, ``delete_for_runs`` and ``delete_thread`` are LangGraph's own.
+
+Writes happen inside a turn (``run_graph``, or ``with saver.bound(turn):``). Outside
+an agent process, ``ShadowpodSaver(values=...)`` works on a state in memory (a
+``DetachedState``): a state folded from a journal (``get_state_history``,
+``update_state`` on it), or ``{}`` for a test or LangGraph's conformance suite;
+``saver.values`` is that state as changed.
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 import random
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -44,6 +62,7 @@ from contextvars import ContextVar
 from operator import is_not
 from typing import Any, Final
 
+from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -57,18 +76,32 @@ from langgraph.checkpoint.base import (
     writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.types import Send
 from pydantic import JsonValue
 
-from shadowpod.agent import Turn
-from shadowpod.integrations.langgraph.codec import ValueCodec
-from shadowpod.integrations.langgraph.retention import bucket, plan_pruning
+from shadowpod.agent import DetachedState, StateWriter, Turn
+from shadowpod.agent.values import written_by_ops
+from shadowpod.integrations.langgraph.codec import LOG_REF, REFS, ValueCodec
+from shadowpod.integrations.langgraph.retention import (
+    Pruning,
+    bucket,
+    headers_of,
+    plan_pruning,
+    plan_removal,
+)
 from shadowpod.integrations.langgraph.warmup import prime
 
+logger = logging.getLogger(__name__)
+
 ROOT: Final = "langgraph"  # the key of ``turn.values`` the checkpoints live under
+written_by_ops(ROOT)  # its in-place changes journaled by ``settle``, not by the turn
 StatePath = list[str | int]
 JsonList = list[Any]
 CHUNK: Final = 256
 DEFAULT_KEEP: Final = 256
+# A list inside a value is stored as a reference to a log from this many items on.
+MIN_REFERENCED: Final = 4
+LogKey = tuple[str, str, str, int]  # thread, namespace, channel, log number
 
 
 _EMPTY: Final = object()
@@ -77,8 +110,11 @@ _EMPTY: Final = object()
 class NotInATurn(RuntimeError):
     def __init__(self) -> None:
         super().__init__(
-            "ShadowpodSaver writes checkpoints inside a turn only: run the graph with "
-            "saver.ainvoke(graph, turn, input), or inside `with saver.bound(turn):`"
+            "ShadowpodSaver writes checkpoints inside a turn: in an agent, run the graph "
+            "with graph_handler(saver, graph) or run_graph(saver, graph, turn, input), or "
+            "inside `with saver.bound(turn):`; outside an agent (a test, an admin's "
+            "update_state), build it on a state in memory: ShadowpodSaver(values={}) or "
+            "ShadowpodSaver(values=state.agent.values)"
         )
 
 
@@ -92,20 +128,37 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """``keep``: the checkpoints kept per thread (and namespace), the newest,
         besides the head of every branch (``shadowpod.integrations.langgraph.
-        retention``); ``None`` keeps them all, as LangGraph's own savers do."""
+        retention``); ``None`` keeps them all, as LangGraph's own savers do.
+        ``values``: outside an agent process, the agent state to work on (copied on
+        write: the mapping given is never changed); ``saver.values`` is it as changed."""
         if keep is not None and keep < 1:
             raise ValueError(f"keep={keep}: keep at least the newest checkpoint, or None for all")
         super().__init__(serde=serde)
         self.keep = keep
         self.codec = ValueCodec(self.serde)
-        self._values = values
+        self._detached = None if values is None else DetachedState(values)
         self._turn: ContextVar[Turn | None] = ContextVar(
             f"shadowpod-saver-{id(self)}", default=None
         )
-        # Decoded items of each channel log, by (thread, ns, channel, log number).
-        self._logs: dict[tuple[str, str, str, int], list[Any]] = {}
+        # Decoded items of each channel log, and what each held when stored or decoded
+        # (``_mark``: to see a change made in place), by (thread, ns, channel, log).
+        self._logs: dict[LogKey, list[Any]] = {}
+        self._marks: dict[LogKey, list[Any]] = {}
+        self._touched: set[LogKey] = set()  # logs whose items the graph got, since settled
         self.decoded = 0  # log items decoded, in all
         self.decoded_in_turns = 0  # of them, inside a turn (the rest: warm-ups, reads)
+        self.journaled_calls: set[str] = set()  # tool call ids journaled in this turn
+        self._warned_calls: set[str] = set()
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """Outside an agent process: the agent state this saver works on, as changed."""
+        if self._detached is None:
+            raise RuntimeError(
+                "this saver writes into turns, not into values of its own: build it with "
+                "ShadowpodSaver(values=...) to work on a state in memory"
+            )
+        return self._detached.values
 
     def warm(self, values: Mapping[str, Any]) -> None:
         """Decode, into the cache the turns read from, the logs the latest checkpoint
@@ -139,10 +192,14 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
 
     @contextmanager
     def bound(self, turn: Turn) -> Iterator[Turn]:
-        """Checkpoints written in this block go to ``turn``'s state."""
+        """Checkpoints written in this block go to ``turn``'s state; what the graph
+        changed in place is journaled as the block ends (``settle``)."""
         token = self._turn.set(turn)
+        self._touched.clear()
+        self.journaled_calls = set()
         try:
             yield turn
+            self.settle()
         finally:
             self._turn.reset(token)
 
@@ -150,16 +207,18 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
     def turn(self) -> Turn | None:
         return self._turn.get()
 
-    def _writer(self) -> Turn:
+    def _writer(self) -> StateWriter:
         turn = self._turn.get()
-        if turn is None:
-            raise NotInATurn
-        return turn
+        if turn is not None:
+            return turn
+        if self._detached is not None:
+            return self._detached
+        raise NotInATurn
 
     def _root(self) -> Mapping[str, Any]:
         turn = self._turn.get()
-        values = turn.values if turn is not None else self._values
-        root = None if values is None else values.get(ROOT)
+        reader: StateWriter | None = turn if turn is not None else self._detached
+        root = None if reader is None else reader.shared(ROOT)
         return root if isinstance(root, dict) else {}
 
     def _thread(self, thread: str, ns: str) -> dict[str, Any] | None:
@@ -208,12 +267,13 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             "updated_channels": header["updated"],
         }
         parent = header["parent"]
+        logs = self._reader(thread, ns, data)
         return CheckpointTuple(
             config=_config(thread, ns, checkpoint_id),
             checkpoint=checkpoint,
             metadata=self.codec.decode(header["metadata"]),
             parent_config=None if parent is None else _config(thread, ns, parent),
-            pending_writes=[(w[0], w[1], self.codec.decode(w[2])) for w in writes],
+            pending_writes=[(w[0], w[1], self.codec.decode(w[2], logs)) for w in writes],
         )
 
     def _value(
@@ -222,25 +282,45 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         if "empty" in known:
             return _EMPTY
         if "value" in known:
-            return self.codec.decode(known["value"])
+            return self.codec.decode(known["value"], self._reader(thread, ns, data))
         log_no, length = known["log"], known["len"]
         items = self._items(thread, ns, channel, log_no, data["channels"][channel]["logs"][log_no])
+        self._touched.add((thread, ns, channel, log_no))
         return items[:length]
+
+    def _reader(self, thread: str, ns: str, data: dict[str, Any]) -> Any:
+        """What resolves a stored reference to a log (``codec``) of this namespace."""
+
+        def items_of(ref: list[Any]) -> list[Any]:
+            channel, log_no, length = str(ref[0]), int(ref[1]), int(ref[2])
+            log = data["channels"][channel]["logs"][log_no]
+            self._touched.add((thread, ns, channel, log_no))
+            return self._items(thread, ns, channel, log_no, log)[:length]
+
+        return items_of
 
     def _items(self, thread: str, ns: str, channel: str, log_no: int, log: list[Any]) -> list[Any]:
         """The decoded items of a log (a list of chunks, all full but the last)."""
         key = (thread, ns, channel, log_no)
         items = self._logs.get(key)
-        length = (len(log) - 1) * CHUNK + len(log[-1]) if log else 0
+        length = _length(log)
         if items is None or len(items) > length:
             items = self._logs[key] = []
+            self._marks[key] = []
         if len(items) < length:
             self.decoded += length - len(items)
             if self._turn.get() is not None:
                 self.decoded_in_turns += length - len(items)
+        marks = self._marks[key]
+        logs = None
         while len(items) < length:
             chunk, at = divmod(len(items), CHUNK)
-            items.extend(self.codec.decode(item) for item in log[chunk][at:])
+            for stored in log[chunk][at:]:
+                if type(stored) is dict and REFS in stored:
+                    logs = logs or self._reader(thread, ns, self._thread(thread, ns) or {})
+                item = self.codec.decode(stored, logs)
+                items.append(item)
+                marks.append(_mark(item, stored))
         return items
 
     def list(
@@ -284,22 +364,22 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        turn = self._writer()
+        writer = self._writer()
         thread, ns = _where(config)
-        base = self._ensure(turn, thread, ns)
+        base = self._ensure(writer, thread, ns)
         data = self._thread(thread, ns)
         assert data is not None
         for channel, version in new_versions.items():
             if channel not in data["channels"]:
-                turn.set([*base, "channels", channel], {"logs": [], "versions": {}})
+                writer.set([*base, "channels", channel], {"logs": [], "versions": {}})
                 data = self._thread(thread, ns)
                 assert data is not None
             value = checkpoint["channel_values"].get(channel, _EMPTY)
-            known = self._store(turn, base, thread, ns, channel, data, value)
+            known = self._store(writer, base, thread, ns, channel, data, value)
             versions_at = [*base, "channels", channel, "versions", bucket(str(version))]
             if versions_at[-1] not in data["channels"][channel]["versions"]:
-                turn.set(versions_at, {})
-            turn.set([*versions_at, str(version)], known)
+                writer.set(versions_at, {})
+            writer.set([*versions_at, str(version)], known)
             data = self._thread(thread, ns)
             assert data is not None
         checkpoint_id = checkpoint["id"]
@@ -314,29 +394,33 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         }
         held = bucket(checkpoint_id)
         if held not in data["checkpoints"]:
-            turn.set([*base, "checkpoints", held], {})
-        turn.set([*base, "checkpoints", held, checkpoint_id], header)
-        turn.set([*base, "latest"], checkpoint_id)
+            writer.set([*base, "checkpoints", held], {})
+        writer.set([*base, "checkpoints", held, checkpoint_id], header)
+        writer.set([*base, "latest"], checkpoint_id)
         if self.keep is not None:
-            self._prune(turn, base, thread, ns)
+            data = self._thread(thread, ns)
+            assert data is not None
+            self._apply(writer, thread, ns, plan_pruning(base, data, self.keep, self.codec.decode))
         return _config(thread, ns, checkpoint_id)
 
-    def _prune(self, turn: Turn, base: StatePath, thread: str, ns: str) -> None:
-        data = self._thread(thread, ns)
-        assert data is not None and self.keep is not None
-        pruning = plan_pruning(base, data, self.keep, self.codec.decode)
+    def _apply(self, writer: StateWriter, thread: str, ns: str, pruning: Pruning | None) -> None:
         if pruning is None:
             return
         for path in pruning.deletes:
-            turn.delete(path)
+            writer.delete(path)
         for path, value in pruning.sets:
-            turn.set(path, value)
+            writer.set(path, value)
         for channel, log_no in pruning.forgotten:
-            self._logs.pop((thread, ns, channel, log_no), None)
+            self._forget((thread, ns, channel, log_no))
+
+    def _forget(self, key: LogKey) -> None:
+        self._logs.pop(key, None)
+        self._marks.pop(key, None)
+        self._touched.discard(key)
 
     def _store(
         self,
-        turn: Turn,
+        writer: StateWriter,
         base: StatePath,
         thread: str,
         ns: str,
@@ -347,38 +431,82 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         if value is _EMPTY:
             return {"empty": True}
         if type(value) is not list:
-            return {"value": self.codec.encode(value)}
+            return {"value": self._encode(value, thread, ns, data)}
         logs = data["channels"][channel]["logs"]
         log_no = len(logs) - 1
         if log_no >= 0:
             items = self._items(thread, ns, channel, log_no, logs[log_no])
             # The graph hands back the objects it was given: an unchanged prefix is
-            # the same objects, compared by identity at C speed.
+            # the same objects, compared by identity at C speed (what was changed in
+            # place is found by content when the turn settles).
             if not any(map(is_not, items, value)):
                 if len(value) > len(items):
+                    key = (thread, ns, channel, log_no)
+                    new = value[len(items) :]
+                    encoded = [self._encode(item, thread, ns, data) for item in new]
                     self._extend(
-                        turn,
-                        [*base, "channels", channel, "logs", log_no],
-                        logs[log_no],
-                        value[len(items) :],
+                        writer, [*base, "channels", channel, "logs", log_no], logs[log_no], encoded
                     )
-                    items.extend(value[len(items) :])
+                    items.extend(new)
+                    self._marks[key].extend(map(_mark, new, encoded))
+                    self._touched.add(key)
                 return {"log": log_no, "len": len(value)}
-        encoded = [self.codec.encode(v) for v in value]
+        encoded = [self._encode(item, thread, ns, data) for item in value]
         chunks = [encoded[at : at + CHUNK] for at in range(0, len(encoded), CHUNK)] or [[]]
-        turn.append([*base, "channels", channel, "logs"], chunks)
-        self._logs[(thread, ns, channel, log_no + 1)] = list(value)
+        writer.append([*base, "channels", channel, "logs"], chunks)
+        key = (thread, ns, channel, log_no + 1)
+        self._logs[key] = list(value)
+        self._marks[key] = list(map(_mark, value, encoded))
+        self._touched.add(key)
         return {"log": log_no + 1, "len": len(value)}
 
-    def _extend(self, turn: Turn, at: StatePath, log: JsonList, new: JsonList) -> None:
-        """Append ``new`` to a log: the last chunk filled first, then new chunks."""
-        encoded = [self.codec.encode(item) for item in new]
+    def _extend(self, writer: StateWriter, at: StatePath, log: JsonList, encoded: JsonList) -> None:
+        """Append ``encoded`` items to a log: the last chunk filled first, then new chunks."""
         room = CHUNK - len(log[-1])
         if room > 0 and encoded:
-            turn.append([*at, len(log) - 1], *encoded[:room])
+            writer.append([*at, len(log) - 1], *encoded[:room])
             encoded = encoded[room:]
         for start in range(0, len(encoded), CHUNK):
-            turn.append(at, encoded[start : start + CHUNK])
+            writer.append(at, encoded[start : start + CHUNK])
+
+    def _encode(self, value: Any, thread: str, ns: str, data: dict[str, Any]) -> JsonValue:
+        """``value`` as JSON, a list in it that starts with the items of one of this
+        namespace's channel logs stored as a reference to them (wrapped with the logs
+        it refers to: see the module's docstring)."""
+        if type(value) not in (list, dict, Send):
+            return self.codec.encode(value)
+        last_logs = [
+            (channel, len(stored["logs"]) - 1)
+            for channel, stored in data["channels"].items()
+            if stored["logs"]
+        ]
+        used: list[list[JsonValue]] = []
+
+        def reference(items: list[Any]) -> dict[str, JsonValue] | None:
+            if len(items) < MIN_REFERENCED:
+                return None
+            for channel, log_no in last_logs:
+                known = self._logs.get((thread, ns, channel, log_no))
+                if not known or known[0] is not items[0]:
+                    continue
+                if len(known) != _length(data["channels"][channel]["logs"][log_no]):
+                    continue
+                n = min(len(known), len(items))
+                if any(map(is_not, known[:n], items[:n])):
+                    continue
+                if [channel, log_no] not in used:
+                    used.append([channel, log_no])
+                ref: dict[str, JsonValue] = {LOG_REF: [channel, log_no, n]}
+                if len(items) > n:
+                    ref["+"] = [self.codec.encode(item, reference) for item in items[n:]]
+                return ref
+            return None
+
+        encoded = self.codec.encode(value, reference)
+        if not used:
+            return encoded
+        wrapped: JsonValue = {REFS: used, "$value": encoded}  # type: ignore[dict-item]
+        return wrapped
 
     def put_writes(
         self,
@@ -387,43 +515,162 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        turn = self._writer()
+        writer = self._writer()
         thread, ns = _where(config)
-        base = self._ensure(turn, thread, ns)
+        base = self._ensure(writer, thread, ns)
         checkpoint_id = config["configurable"]["checkpoint_id"]
         held = bucket(checkpoint_id)
         data = self._thread(thread, ns)
         assert data is not None
         if held not in data["writes"]:
-            turn.set([*base, "writes", held], {})
+            writer.set([*base, "writes", held], {})
         if checkpoint_id not in self._thread(thread, ns)["writes"][held]:  # type: ignore[index]
-            turn.set([*base, "writes", held, checkpoint_id], {})
+            writer.set([*base, "writes", held, checkpoint_id], {})
         stored = self._thread(thread, ns)["writes"][held][checkpoint_id]  # type: ignore[index]
         for index, (channel, value) in enumerate(writes):
             write_index = WRITES_IDX_MAP.get(channel, index)
             key = f"{task_id}:{write_index}"
             if write_index >= 0 and key in stored:
                 continue
-            turn.set(
+            self._check_journaled(value)
+            writer.set(
                 [*base, "writes", held, checkpoint_id, key],
-                [task_id, channel, self.codec.encode(value), task_path, write_index],
+                [task_id, channel, self._encode(value, thread, ns, data), task_path, write_index],
             )
 
-    def delete_thread(self, thread_id: str) -> None:
-        turn = self._writer()
-        if thread_id in self._root():
-            turn.delete([ROOT, thread_id])
-        for key in [key for key in self._logs if key[0] == thread_id]:
-            del self._logs[key]
+    def _check_journaled(self, value: Any) -> None:
+        """Warn of a tool's result whose call was not journaled: a ``ToolNode`` run in a
+        turn outside ``run_graph`` / ``journal_tools`` (its side effect would be repeated
+        by a new owner)."""
+        turn = self._turn.get()
+        if turn is None:
+            return
+        found = value if type(value) is list else [value]
+        for message in found:
+            if not isinstance(message, ToolMessage):
+                continue
+            call_id = message.tool_call_id
+            if (
+                call_id in self.journaled_calls
+                or f"{turn.seq}:{call_id}" in turn.state.tools.calls
+                or call_id in self._warned_calls
+            ):
+                continue
+            self._warned_calls.add(call_id)
+            logger.warning(
+                "tool %r (call %s) ran without being journaled: after an owner change it "
+                "would run again. Run the graph with graph_handler or run_graph (they "
+                "journal every ToolNode), or call journal_tools(saver, graph) once",
+                message.name,
+                call_id,
+            )
 
-    def _ensure(self, turn: Turn, thread: str, ns: str) -> StatePath:
-        if not isinstance(turn.values.get(ROOT), dict):
-            turn.set(ROOT, {})
+    # --- threads -------------------------------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        writer = self._writer()
+        if thread_id in self._root():
+            writer.delete([ROOT, thread_id])
+        for key in [key for key in self._logs if key[0] == thread_id]:
+            self._forget(key)
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (with their pending writes) of the runs ``run_ids``
+        (their metadata's ``run_id``), in every thread; ``latest`` falls back to the
+        newest one left."""
+        wanted = set(run_ids)
+        if not wanted:
+            return
+        writer = self._writer()
+        for thread, spaces in list(self._root().items()):
+            for ns, data in list(spaces.items()):
+                headers = headers_of(data)
+                kept = {
+                    cid
+                    for cid, header in headers.items()
+                    if self.codec.decode(header["metadata"]).get("run_id") not in wanted
+                }
+                pruning = plan_removal([ROOT, thread, ns], data, kept, self.codec.decode)
+                self._apply(writer, thread, ns, pruning)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint (each namespace, pending writes, channel values) of
+        one thread to another (replacing what that one held)."""
+        writer = self._writer()
+        source = self._root().get(source_thread_id)
+        if source is None:
+            return
+        self._ensure_root(writer)
+        writer.set([ROOT, target_thread_id], source)
+        for key in [key for key in self._logs if key[0] == target_thread_id]:
+            self._forget(key)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """LangGraph's pruning: ``keep_latest`` keeps each namespace's latest
+        checkpoint (and its pending writes), ``delete`` the thread's every one."""
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"unknown pruning strategy {strategy!r}: keep_latest or delete")
+        writer = self._writer()
+        for thread in thread_ids:
+            spaces = self._root().get(thread)
+            if spaces is None:
+                continue
+            if strategy == "delete":
+                self.delete_thread(thread)
+                continue
+            for ns, data in list(spaces.items()):
+                latest = data.get("latest")
+                kept = set() if latest is None else {latest}
+                self._apply(
+                    writer,
+                    thread,
+                    ns,
+                    plan_removal([ROOT, thread, ns], data, kept, self.codec.decode),
+                )
+
+    # --- in-place changes ----------------------------------------------------------------
+
+    def settle(self) -> None:
+        """Journal what the graph changed in place in the items of the list channels it
+        was given since the last call: each such item set anew, at its place in its log
+        (so the owner and a state folded from the journal read the same)."""
+        turn = self._turn.get()
+        writer: StateWriter | None = turn if turn is not None else self._detached
+        if writer is None:
+            return
+        for key in sorted(self._touched):
+            items, marks = self._logs.get(key), self._marks.get(key)
+            if items is None or marks is None:
+                continue
+            if not any(map(_differs, items, marks)):
+                continue
+            thread, ns, channel, log_no = key
+            data = self._thread(thread, ns)
+            if data is None:
+                continue
+            for index, (item, mark) in enumerate(zip(items, marks, strict=True)):
+                if not _differs(item, mark):
+                    continue
+                encoded = self._encode(item, thread, ns, data)
+                chunk, at = divmod(index, CHUNK)
+                path: StatePath = [ROOT, thread, ns, "channels", channel, "logs", log_no, chunk, at]
+                writer.set(path, encoded)
+                marks[index] = _mark(item, encoded)
+        self._touched.clear()
+
+    # --- storage -------------------------------------------------------------------------
+
+    def _ensure_root(self, writer: StateWriter) -> None:
+        if not isinstance(writer.shared(ROOT), dict):
+            writer.set(ROOT, {})
+
+    def _ensure(self, writer: StateWriter, thread: str, ns: str) -> StatePath:
+        self._ensure_root(writer)
         root = self._root()
         if thread not in root:
-            turn.set([ROOT, thread], {})
+            writer.set([ROOT, thread], {})
         if ns not in self._root()[thread]:
-            turn.set(
+            writer.set(
                 [ROOT, thread, ns],
                 {"latest": None, "checkpoints": {}, "channels": {}, "writes": {}},
             )
@@ -471,6 +718,38 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
 
     async def adelete_thread(self, thread_id: str) -> None:
         self.delete_thread(thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        self.delete_for_runs(run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        self.copy_thread(source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        self.prune(thread_ids, strategy=strategy)
+
+
+def _length(log: list[Any]) -> int:
+    """The items of a log (a list of chunks, all full but the last)."""
+    return (len(log) - 1) * CHUNK + len(log[-1]) if log else 0
+
+
+def _mark(item: Any, stored: Any) -> Any:
+    """What ``item`` held when it was stored (or decoded from) ``stored``, to compare
+    with (``_differs``): a chat message's fields (a shallow copy: what is reassigned);
+    a plain JSON item its JSON (or a deep copy, if its JSON says it otherwise); any other
+    item itself (an immutable one cannot change; an opaque object is not compared)."""
+    if isinstance(item, BaseMessage):
+        return dict(item.__dict__)
+    if type(item) in (dict, list):
+        return stored if item == stored else copy.deepcopy(item)
+    return item
+
+
+def _differs(item: Any, mark: Any) -> bool:
+    if isinstance(item, BaseMessage):
+        return bool(item.__dict__ != mark)
+    return item is not mark and bool(item != mark)
 
 
 def _where(config: RunnableConfig) -> tuple[str, str]:

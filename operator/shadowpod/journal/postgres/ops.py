@@ -18,18 +18,23 @@ from shadowpod.journal import codec
 from shadowpod.journal.errors import (
     EpochConflict,
     Fenced,
+    IdempotencyConflict,
     InvalidOwnership,
     InvalidSnapshot,
     InvalidTurn,
     JournalTruncated,
+    OwnerMismatch,
     SessionExists,
     SessionNotFound,
     SnapshotNotFound,
     SnapshotTooOld,
+    check_writer,
 )
 from shadowpod.journal.ownership import epoch_marker, validate_transition
 from shadowpod.journal.postgres.schema import (
     FENCED_CODE,
+    IDEMPOTENCY_CONFLICT_CODE,
+    OWNER_MISMATCH_CODE,
     OWNERSHIP_RULE_CODE,
     SESSION_NOT_FOUND_CODE,
     TURN_BEYOND_HEAD_CODE,
@@ -42,6 +47,7 @@ from shadowpod.journal.store import (
     SessionInfo,
     Snapshot,
     SnapshotInfo,
+    Writer,
 )
 
 Conn = AsyncConnection[TupleRow]
@@ -128,16 +134,22 @@ class Statements:
         entries: Sequence[NewEntry],
         owner_epoch: int | None,
         committed: list[JournalEntry],
+        *,
+        owner: str | None = None,
+        writer: Writer = Writer.GATEWAY,
     ) -> list[Appended]:
         turns = [named_turn(entry) for entry in entries]
+        scope = Writer.OWNER if owner_epoch is not None else writer
         try:
             rows = await (
                 await conn.execute(
                     f"SELECT o_seq, o_duplicate, o_ts FROM {self.s}.append_entries"
-                    "(%s, %s, %s, %s, %s, %s, %s, %s)",
+                    "(%s, %s, %s, %s::smallint, %s, %s, %s, %s, %s, %s)",
                     (
                         session,
                         owner_epoch,
+                        owner,
+                        int(scope),
                         [entry.id for entry in entries],
                         [entry.kind for entry in entries],
                         [Jsonb(entry.payload) for entry in entries],
@@ -153,6 +165,19 @@ class Statements:
             if exc.sqlstate == FENCED_CODE:
                 current = int(exc.diag.message_primary or -1)
                 raise Fenced(session, epoch=owner_epoch or 0, current=current) from None
+            if exc.sqlstate == OWNER_MISMATCH_CODE:
+                raise OwnerMismatch(
+                    session,
+                    epoch=owner_epoch or 0,
+                    owner=owner or "",
+                    current_owner=exc.diag.message_primary or None,
+                ) from None
+            if exc.sqlstate == IDEMPOTENCY_CONFLICT_CODE:
+                raise IdempotencyConflict(
+                    session,
+                    entry_id=exc.diag.message_primary or "",
+                    seq=int(exc.diag.message_detail) if exc.diag.message_detail else None,
+                ) from None
             if exc.sqlstate in (TURN_BEYOND_HEAD_CODE, TURN_NOT_INBOUND_CODE):
                 turn = int(exc.diag.message_primary or -1)
                 [kind] = [e.kind for e, t in zip(entries, turns, strict=True) if t == turn][:1]
@@ -237,9 +262,17 @@ class Statements:
             head += 1
             ts_row = await (
                 await conn.execute(
-                    f"INSERT INTO {self.s}.entries (sid, seq, id, kind, epoch, ts, payload) "
-                    "VALUES (%s, %s, %s, %s, %s, clock_timestamp(), %s) RETURNING ts",
-                    (sid, head, marker.id, marker.kind, new.epoch, Jsonb(marker.payload)),
+                    f"INSERT INTO {self.s}.entries (sid, seq, id, kind, epoch, ts, payload, scope)"
+                    " VALUES (%s, %s, %s, %s, %s, clock_timestamp(), %s, %s) RETURNING ts",
+                    (
+                        sid,
+                        head,
+                        marker.id,
+                        marker.kind,
+                        new.epoch,
+                        Jsonb(marker.payload),
+                        int(Writer.GATEWAY),
+                    ),
                 )
             ).fetchone()
             assert ts_row is not None
@@ -277,10 +310,18 @@ class Statements:
     # --- snapshots --------------------------------------------------------------------
 
     async def put_snapshot(
-        self, conn: Conn, session: str, watermark: int, schema_version: int, blob: bytes
+        self,
+        conn: Conn,
+        session: str,
+        watermark: int,
+        schema_version: int,
+        blob: bytes,
+        owner_epoch: int | None = None,
+        owner: str | None = None,
     ) -> SnapshotInfo:
         row = await self._row(conn, session, lock=True)
         sid = row[0]
+        check_writer(session, row[6], row[7], owner_epoch, owner)
         if not 0 <= watermark <= row[4]:
             raise InvalidSnapshot(
                 f"session {session!r}: snapshot watermark {watermark} is outside the journal "

@@ -11,7 +11,7 @@ from psycopg.rows import TupleRow
 from shadowpod.domain.errors import SchemaTooNew
 from shadowpod.journal.ownership import TRIGGER_MESSAGE
 
-STORE_SCHEMA_VERSION: Final = 1
+STORE_SCHEMA_VERSION: Final = 2
 _SCHEMA_NAME: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
@@ -50,13 +50,17 @@ def ddl(s: str) -> list[str]:
             epoch bigint NOT NULL,
             ts timestamptz NOT NULL,
             payload jsonb NOT NULL,
+            scope smallint NOT NULL DEFAULT 0,
             PRIMARY KEY (sid, seq),
-            UNIQUE (sid, id))""",
+            CONSTRAINT entries_scoped_id UNIQUE (sid, scope, id))""",
         f"""CREATE TABLE IF NOT EXISTS {s}.acks (
             sid bigint NOT NULL,
             epoch bigint NOT NULL,
             seq bigint NOT NULL,
             PRIMARY KEY (sid, epoch))""",
+        # The version-1 function (no scope, no owner): replaced, not overloaded.
+        f"DROP FUNCTION IF EXISTS {s}.append_entries("
+        "text, bigint, text[], text[], jsonb[], bigint[], text, text)",
         _append_function(s),
         *_ownership_trigger(s),
         f"""CREATE TABLE IF NOT EXISTS {s}.snapshots (
@@ -76,6 +80,8 @@ FENCED_CODE: Final = "SPFN1"
 TURN_BEYOND_HEAD_CODE: Final = "SPTB1"
 TURN_NOT_INBOUND_CODE: Final = "SPTI1"
 OWNERSHIP_RULE_CODE: Final = "SPOW1"
+OWNER_MISMATCH_CODE: Final = "SPOM1"
+IDEMPOTENCY_CONFLICT_CODE: Final = "SPIC1"
 
 
 def _ownership_trigger(s: str) -> list[str]:
@@ -111,8 +117,8 @@ def _append_function(s: str) -> str:
     """
     return f"""
 CREATE OR REPLACE FUNCTION {s}.append_entries(
-    p_session text, p_owner_epoch bigint, p_ids text[], p_kinds text[], p_payloads jsonb[],
-    p_turns bigint[], p_channel text, p_note text)
+    p_session text, p_owner_epoch bigint, p_owner text, p_scope smallint, p_ids text[],
+    p_kinds text[], p_payloads jsonb[], p_turns bigint[], p_channel text, p_note text)
 RETURNS TABLE (o_seq bigint, o_duplicate boolean, o_ts timestamptz)
 LANGUAGE plpgsql AS $fn$
 DECLARE
@@ -120,19 +126,28 @@ DECLARE
     v_head bigint;
     v_start bigint;
     v_epoch bigint;
+    v_owner text;
     v_truncated bigint;
     v_turn bigint;
     v_existing bigint;
+    v_kind text;
+    v_payload jsonb;
+    v_entry_epoch bigint;
     v_ts timestamptz := clock_timestamp();
 BEGIN
-    SELECT s.sid, s.head, s.epoch, s.truncated_through
-      INTO v_sid, v_head, v_epoch, v_truncated
+    SELECT s.sid, s.head, s.epoch, s.owner, s.truncated_through
+      INTO v_sid, v_head, v_epoch, v_owner, v_truncated
       FROM {s}.sessions s WHERE s.name = p_session FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = '{SESSION_NOT_FOUND_CODE}', MESSAGE = p_session;
     END IF;
     IF p_owner_epoch IS NOT NULL AND p_owner_epoch <> v_epoch THEN
         RAISE EXCEPTION USING ERRCODE = '{FENCED_CODE}', MESSAGE = v_epoch::text;
+    END IF;
+    IF p_owner_epoch IS NOT NULL AND p_owner IS NOT NULL
+       AND p_owner IS DISTINCT FROM v_owner THEN
+        RAISE EXCEPTION USING ERRCODE = '{OWNER_MISMATCH_CODE}',
+            MESSAGE = coalesce(v_owner, '');
     END IF;
     FOR v_turn IN SELECT DISTINCT t FROM unnest(p_turns) AS t WHERE t IS NOT NULL LOOP
         IF v_turn > v_head THEN
@@ -150,16 +165,26 @@ BEGIN
     END LOOP;
     v_start := v_head;
     FOR i IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
-        SELECT e.seq INTO v_existing FROM {s}.entries e WHERE e.sid = v_sid AND e.id = p_ids[i];
+        -- A key names one entry of its writer's scope: a repeat with other content is
+        -- refused (the whole statement, so nothing is journaled), but an owner redoing
+        -- a turn an older epoch's owner journaled yields to what stands.
+        SELECT e.seq, e.kind, e.payload, e.epoch
+          INTO v_existing, v_kind, v_payload, v_entry_epoch
+          FROM {s}.entries e WHERE e.sid = v_sid AND e.scope = p_scope AND e.id = p_ids[i];
         IF FOUND THEN
+            IF (v_kind <> p_kinds[i] OR v_payload <> p_payloads[i])
+               AND NOT (p_scope = 0 AND v_entry_epoch < p_owner_epoch) THEN
+                RAISE EXCEPTION USING ERRCODE = '{IDEMPOTENCY_CONFLICT_CODE}',
+                    MESSAGE = p_ids[i], DETAIL = v_existing::text;
+            END IF;
             o_seq := v_existing; o_duplicate := true; o_ts := NULL;
             RETURN NEXT;
             CONTINUE;
         END IF;
         v_head := v_head + 1;
-        INSERT INTO {s}.entries (sid, seq, id, kind, epoch, ts, payload)
+        INSERT INTO {s}.entries (sid, seq, id, kind, epoch, ts, payload, scope)
             VALUES (v_sid, v_head, p_ids[i], p_kinds[i], coalesce(p_owner_epoch, 0), v_ts,
-                    p_payloads[i]);
+                    p_payloads[i], p_scope);
         IF p_kinds[i] = 'ack' AND p_owner_epoch IS NOT NULL THEN
             INSERT INTO {s}.acks AS a (sid, epoch, seq)
                 VALUES (v_sid, p_owner_epoch, (p_payloads[i] ->> 'turn')::bigint)
@@ -196,10 +221,26 @@ async def init_schema(conn: AsyncConnection[TupleRow], schema: str) -> None:
                 raise SchemaTooNew(
                     found=found, supported=STORE_SCHEMA_VERSION, what="journal database"
                 )
+            if found < 2:
+                for statement in _to_v2(schema):
+                    await conn.execute(statement)
         for statement in ddl(schema):
             await conn.execute(statement)
         await conn.execute(
             f"INSERT INTO {schema}.meta (key, value) VALUES ('schema_version', %s) "
-            "ON CONFLICT (key) DO NOTHING",
+            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(STORE_SCHEMA_VERSION),),
         )
+
+
+def _to_v2(s: str) -> list[str]:
+    """Version 1 to 2: idempotency keys scoped by writer (``store.Writer``). Entries
+    journaled before get the scope their writer had: inbound messages were the
+    clients', other inbound entries and the epoch markers the gateway's."""
+    return [
+        f"ALTER TABLE {s}.entries ADD COLUMN IF NOT EXISTS scope smallint NOT NULL DEFAULT 0",
+        f"UPDATE {s}.entries SET scope = CASE WHEN epoch = 0 AND kind = 'message' THEN 1 "
+        "WHEN epoch = 0 OR (kind = 'control' AND id LIKE 'epoch:%') THEN 2 ELSE 0 END",
+        f"ALTER TABLE {s}.entries DROP CONSTRAINT IF EXISTS entries_sid_id_key",
+        f"ALTER TABLE {s}.entries ADD CONSTRAINT entries_scoped_id UNIQUE (sid, scope, id)",
+    ]

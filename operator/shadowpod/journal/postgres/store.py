@@ -37,12 +37,24 @@ from shadowpod.journal.arguments import (
     check_schema_version,
     check_seq,
 )
-from shadowpod.journal.errors import SnapshotNotFound, StoreUnavailable, StoreUnusable
+from shadowpod.journal.errors import (
+    SnapshotNotFound,
+    StoreFull,
+    StoreUnavailable,
+    StoreUnusable,
+)
 from shadowpod.journal.followers import Followers
 from shadowpod.journal.postgres import ops
 from shadowpod.journal.postgres.listener import NotificationListener
 from shadowpod.journal.postgres.schema import check_schema_name, init_schema
-from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
+from shadowpod.journal.store import (
+    Appended,
+    Retention,
+    SessionInfo,
+    Snapshot,
+    SnapshotInfo,
+    Writer,
+)
 
 POOL_SIZE: Final = 16
 # Followers are woken by NOTIFY; the poll only bounds the delay if one is lost.
@@ -133,6 +145,8 @@ class PostgresJournalStore:
         try:
             async with self._pool.connection() as conn:
                 yield conn
+        except psycopg.errors.DiskFull as exc:  # SQLSTATE 53100
+            raise StoreFull(exc) from exc
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(f"the journal database is unavailable: {exc}") from exc
 
@@ -166,13 +180,21 @@ class PostgresJournalStore:
     # --- journal ----------------------------------------------------------------------
 
     async def append(
-        self, session: str, entries: Sequence[NewEntry], owner_epoch: int | None = None
+        self,
+        session: str,
+        entries: Sequence[NewEntry],
+        owner_epoch: int | None = None,
+        *,
+        owner: str | None = None,
+        writer: Writer = Writer.GATEWAY,
     ) -> list[Appended]:
         check_owner_epoch(owner_epoch)
         committed: list[JournalEntry] = []
         # One statement, its own transaction (autocommit): see ``append_entries``.
         async with self._conn() as conn:
-            results = await self._ops.append(conn, session, entries, owner_epoch, committed)
+            results = await self._ops.append(
+                conn, session, entries, owner_epoch, committed, owner=owner, writer=writer
+            )
         if committed:
             self._hub.publish(session, committed)
         return results
@@ -226,13 +248,23 @@ class PostgresJournalStore:
     # --- snapshots --------------------------------------------------------------------
 
     async def put_snapshot(
-        self, session: str, *, watermark: int, schema_version: int, document_json: bytes
+        self,
+        session: str,
+        *,
+        watermark: int,
+        schema_version: int,
+        document_json: bytes,
+        owner_epoch: int | None = None,
+        owner: str | None = None,
     ) -> SnapshotInfo:
         check_seq("watermark", watermark)
         check_schema_version(schema_version)
+        check_owner_epoch(owner_epoch)
         blob = await asyncio.to_thread(codec.compress_document, document_json)
         async with self._tx() as conn:
-            return await self._ops.put_snapshot(conn, session, watermark, schema_version, blob)
+            return await self._ops.put_snapshot(
+                conn, session, watermark, schema_version, blob, owner_epoch, owner
+            )
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot:
         check_seq("watermark", watermark)

@@ -10,7 +10,12 @@ import sqlite3
 from typing import Final
 
 from shadowpod.journal import codec
-from shadowpod.journal.errors import InvalidSnapshot, SnapshotNotFound, SnapshotTooOld
+from shadowpod.journal.errors import (
+    InvalidSnapshot,
+    SnapshotNotFound,
+    SnapshotTooOld,
+    check_writer,
+)
 from shadowpod.journal.sqlite.sql import session_row
 from shadowpod.journal.sqlite.writer import WriteTx
 from shadowpod.journal.store import (
@@ -22,10 +27,17 @@ from shadowpod.journal.store import (
 
 
 def put_snapshot(
-    tx: WriteTx, session: str, watermark: int, schema_version: int, blob: bytes
+    tx: WriteTx,
+    session: str,
+    watermark: int,
+    schema_version: int,
+    blob: bytes,
+    owner_epoch: int | None = None,
+    owner: str | None = None,
 ) -> SnapshotInfo:
     row = session_row(tx.conn, session)
     sid = row["sid"]
+    check_writer(session, row["epoch"], row["owner"], owner_epoch, owner)
     if not 0 <= watermark <= row["head"]:
         raise InvalidSnapshot(
             f"session {session!r}: snapshot watermark {watermark} is outside the journal "

@@ -24,17 +24,19 @@ from shadowpod.journal import codec
 from shadowpod.journal.errors import (
     EpochConflict,
     Fenced,
+    IdempotencyConflict,
     InvalidOwnership,
     InvalidTurn,
     JournalTruncated,
+    OwnerMismatch,
     SessionExists,
     SessionNotFound,
 )
 from shadowpod.journal.ownership import TRIGGER_MESSAGE, epoch_marker, validate_transition
 from shadowpod.journal.sqlite.writer import WriteTx
-from shadowpod.journal.store import Appended, SessionInfo
+from shadowpod.journal.store import Appended, SessionInfo, Writer
 
-STORE_SCHEMA_VERSION: Final = 1
+STORE_SCHEMA_VERSION: Final = 2
 
 _DDL: Final = """
 CREATE TABLE IF NOT EXISTS shadowpod_meta (
@@ -62,10 +64,11 @@ CREATE TABLE IF NOT EXISTS entries (
     kind TEXT NOT NULL,
     epoch INTEGER NOT NULL,
     ts_us INTEGER NOT NULL,
-    payload BLOB NOT NULL
+    payload BLOB NOT NULL,
+    scope INTEGER NOT NULL DEFAULT 0
 );
 CREATE UNIQUE INDEX IF NOT EXISTS entries_by_seq ON entries (sid, seq);
-CREATE UNIQUE INDEX IF NOT EXISTS entries_by_id ON entries (id, sid);
+CREATE UNIQUE INDEX IF NOT EXISTS entries_by_scoped_id ON entries (id, sid, scope);
 CREATE TABLE IF NOT EXISTS acks (
     sid INTEGER NOT NULL,
     epoch INTEGER NOT NULL,
@@ -95,6 +98,9 @@ END
 
 # An inbound entry, as ``domain.entries.is_inbound`` says, in SQL: the turns that
 # outputs and acks name are checked against it inside the append's transaction.
+# Ids looked up per statement (SQLite allows 32766 variables).
+_IN_BATCH: Final = 500
+
 _INBOUND_AT: Final = """
 SELECT seq FROM entries
 WHERE sid = ? AND seq = ? AND epoch = 0 AND (
@@ -104,8 +110,20 @@ WHERE sid = ? AND seq = ? AND epoch = 0 AND (
 """
 
 
+# Version 1 to 2: idempotency keys scoped by writer (``store.Writer``). Entries
+# journaled before are given the scope their writer had: inbound messages were the
+# clients', other inbound entries and the epoch markers the gateway's.
+_TO_V2: Final = (
+    "ALTER TABLE entries ADD COLUMN scope INTEGER NOT NULL DEFAULT 0",
+    "UPDATE entries SET scope = CASE WHEN epoch = 0 AND kind = 'message' THEN 1 "
+    "WHEN epoch = 0 OR (kind = 'control' AND id LIKE 'epoch:%') THEN 2 ELSE 0 END",
+    "DROP INDEX IF EXISTS entries_by_id",
+)
+
+
 def init_schema(conn: sqlite3.Connection) -> None:
-    """Create the tables, or check that an existing database is one we can read."""
+    """Create the tables, or check that an existing database is one we can read (and
+    bring one of an older version up to this one)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
         exists = conn.execute(
@@ -119,6 +137,13 @@ def init_schema(conn: sqlite3.Connection) -> None:
             if found > STORE_SCHEMA_VERSION:
                 raise SchemaTooNew(
                     found=found, supported=STORE_SCHEMA_VERSION, what="journal database"
+                )
+            if found < 2:
+                for statement in _TO_V2:
+                    conn.execute(statement)
+                conn.execute(
+                    "UPDATE shadowpod_meta SET value = ? WHERE key = 'schema_version'",
+                    (str(STORE_SCHEMA_VERSION),),
                 )
         for statement in _DDL.split(";"):
             if statement.strip():
@@ -204,37 +229,56 @@ def delete_session(tx: WriteTx, session: str) -> None:
 
 
 def append(
-    tx: WriteTx, session: str, entries: Sequence[NewEntry], owner_epoch: int | None
+    tx: WriteTx,
+    session: str,
+    entries: Sequence[NewEntry],
+    owner_epoch: int | None,
+    owner: str | None = None,
+    writer: Writer = Writer.GATEWAY,
 ) -> list[Appended]:
     conn = tx.conn
     row = conn.execute(
-        "SELECT sid, head, epoch, truncated_through FROM sessions WHERE name = ?", (session,)
+        "SELECT sid, head, epoch, owner, truncated_through FROM sessions WHERE name = ?",
+        (session,),
     ).fetchone()
     if row is None:
         raise SessionNotFound(session)
-    sid, head, current_epoch, truncated_through = row
-    if owner_epoch is not None and owner_epoch != current_epoch:
-        raise Fenced(session, epoch=owner_epoch, current=current_epoch)
+    sid, head, current_epoch, current_owner, truncated_through = row
+    if owner_epoch is not None:
+        if owner_epoch != current_epoch:
+            raise Fenced(session, epoch=owner_epoch, current=current_epoch)
+        if owner is not None and owner != current_owner:
+            raise OwnerMismatch(
+                session, epoch=owner_epoch, owner=owner, current_owner=current_owner
+            )
+        writer = Writer.OWNER
     _check_turns(conn, session, sid, head, truncated_through, entries)
     epoch = 0 if owner_epoch is None else owner_epoch
+    known = _journaled(conn, session, sid, int(writer), entries, epoch)
     start = head
     results: list[Appended] = []
     for entry in entries:
-        seq = head + 1
-        cursor = conn.execute(
-            "INSERT INTO entries (sid, seq, id, kind, epoch, ts_us, payload) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id, sid) DO NOTHING",
-            (sid, seq, entry.id, entry.kind, epoch, tx.now_us, codec.encode_payload(entry.payload)),
-        )
-        if cursor.rowcount == 0:
-            original = conn.execute(
-                "SELECT seq FROM entries WHERE id = ? AND sid = ?", (entry.id, sid)
-            ).fetchone()
-            results.append(Appended(seq=original[0], id=entry.id, duplicate=True))
+        if entry.id in known:
+            results.append(Appended(seq=known[entry.id], id=entry.id, duplicate=True))
             continue
-        head = seq
-        results.append(Appended(seq=seq, id=entry.id))
-        tx.committed.append(JournalEntry(seq, entry.id, entry.kind, epoch, tx.now, entry.payload))
+        head += 1
+        conn.execute(
+            "INSERT INTO entries (sid, seq, id, kind, epoch, ts_us, payload, scope) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                sid,
+                head,
+                entry.id,
+                entry.kind,
+                epoch,
+                tx.now_us,
+                codec.encode_payload(entry.payload),
+                int(writer),
+            ),
+        )
+        known[entry.id] = head
+        results.append(Appended(seq=head, id=entry.id))
+        tx.committed.append(JournalEntry(head, entry.id, entry.kind, epoch, tx.now, entry.payload))
         if entry.kind == EntryKind.ACK and owner_epoch is not None:
             conn.execute(
                 "INSERT INTO acks (sid, epoch, seq) VALUES (?, ?, ?) "
@@ -244,6 +288,44 @@ def append(
     if head != start:
         conn.execute("UPDATE sessions SET head = ? WHERE sid = ?", (head, sid))
     return results
+
+
+def _journaled(
+    conn: sqlite3.Connection,
+    session: str,
+    sid: int,
+    scope: int,
+    entries: Sequence[NewEntry],
+    epoch: int,
+) -> dict[str, int]:
+    """The seqs of the ids of ``entries`` journaled before in ``scope``; an
+    ``IdempotencyConflict`` (before anything is written: check, then write) for an id
+    journaled with other content — unless it is an owner's entry from an older epoch,
+    which a new owner redoing that turn re-derives and yields to."""
+    ids = list(dict.fromkeys(entry.id for entry in entries))
+    found: dict[str, tuple[int, str, int, bytes]] = {}
+    for at in range(0, len(ids), _IN_BATCH):
+        chunk = ids[at : at + _IN_BATCH]
+        marks = ",".join("?" * len(chunk))
+        for entry_id, seq, kind, entry_epoch, payload in conn.execute(
+            "SELECT id, seq, kind, epoch, payload FROM entries "
+            f"WHERE sid = ? AND scope = ? AND id IN ({marks})",
+            (sid, scope, *chunk),
+        ):
+            found[entry_id] = (seq, kind, entry_epoch, payload)
+    first: dict[str, NewEntry] = {}
+    for entry in entries:
+        if (prior := found.get(entry.id)) is not None:
+            seq, kind, entry_epoch, payload = prior
+            redone = scope == Writer.OWNER and entry_epoch < epoch
+            same = kind == entry.kind and codec.decode_payload(payload) == entry.payload
+            if not (same or redone):
+                raise IdempotencyConflict(session, entry_id=entry.id, seq=seq)
+        elif (earlier := first.setdefault(entry.id, entry)) is not entry and (
+            earlier.kind != entry.kind or earlier.payload != entry.payload
+        ):
+            raise IdempotencyConflict(session, entry_id=entry.id, seq=None)
+    return {entry_id: prior[0] for entry_id, prior in found.items()}
 
 
 def _check_turns(
@@ -350,8 +432,8 @@ def compare_and_set_ownership(
         raise InvalidOwnership(f"session {session!r}: {exc}") from None
     if marker is not None:
         conn.execute(
-            "INSERT INTO entries (sid, seq, id, kind, epoch, ts_us, payload) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO entries (sid, seq, id, kind, epoch, ts_us, payload, scope) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 row["sid"],
                 head,
@@ -360,6 +442,7 @@ def compare_and_set_ownership(
                 new.epoch,
                 tx.now_us,
                 codec.encode_payload(marker.payload),
+                int(Writer.GATEWAY),
             ),
         )
         tx.committed.append(

@@ -27,14 +27,21 @@ from shadowpod.journal.arguments import (
     check_schema_version,
     check_seq,
 )
-from shadowpod.journal.errors import SnapshotNotFound
+from shadowpod.journal.errors import SnapshotNotFound, StoreFull
 from shadowpod.journal.followers import Followers
 from shadowpod.journal.recent import RecentEntries
 from shadowpod.journal.sqlite import snapshot_sql, sql
 from shadowpod.journal.sqlite.checkpointer import Checkpointer
 from shadowpod.journal.sqlite.open_failure import open_failure
 from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
-from shadowpod.journal.store import Appended, Retention, SessionInfo, Snapshot, SnapshotInfo
+from shadowpod.journal.store import (
+    Appended,
+    Retention,
+    SessionInfo,
+    Snapshot,
+    SnapshotInfo,
+    Writer,
+)
 
 T = TypeVar("T")
 
@@ -163,7 +170,12 @@ class SQLiteJournalStore:
     async def _write(self, session: str, fn: Callable[[WriteTx], T]) -> T:
         if self._writer is None:
             raise RuntimeError(f"{self!r} is not open")
-        return await self._writer.submit(session, fn)
+        try:
+            return await self._writer.submit(session, fn)
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode == sqlite3.SQLITE_FULL:
+                raise StoreFull(exc) from None
+            raise
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         if self._readers is None:
@@ -208,14 +220,22 @@ class SQLiteJournalStore:
     # --- journal ----------------------------------------------------------------------
 
     async def append(
-        self, session: str, entries: Sequence[NewEntry], owner_epoch: int | None = None
+        self,
+        session: str,
+        entries: Sequence[NewEntry],
+        owner_epoch: int | None = None,
+        *,
+        owner: str | None = None,
+        writer: Writer = Writer.GATEWAY,
     ) -> list[Appended]:
         check_owner_epoch(owner_epoch)
         if not entries:
             await self.head(session)  # a missing session is an error even for no entries
             return []
         batch = tuple(entries)
-        return await self._write(session, lambda tx: sql.append(tx, session, batch, owner_epoch))
+        return await self._write(
+            session, lambda tx: sql.append(tx, session, batch, owner_epoch, owner, writer)
+        )
 
     async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
         check_read(after, limit)
@@ -265,16 +285,26 @@ class SQLiteJournalStore:
     # --- snapshots --------------------------------------------------------------------
 
     async def put_snapshot(
-        self, session: str, *, watermark: int, schema_version: int, document_json: bytes
+        self,
+        session: str,
+        *,
+        watermark: int,
+        schema_version: int,
+        document_json: bytes,
+        owner_epoch: int | None = None,
+        owner: str | None = None,
     ) -> SnapshotInfo:
         check_seq("watermark", watermark)
         check_schema_version(schema_version)
+        check_owner_epoch(owner_epoch)
         # Compressed on a thread before it is submitted: the batch's SQL runs on the
         # event loop, and a large snapshot would hold up every other session's appends.
         blob = await asyncio.to_thread(codec.compress_document, document_json)
         return await self._write(
             session,
-            lambda tx: snapshot_sql.put_snapshot(tx, session, watermark, schema_version, blob),
+            lambda tx: snapshot_sql.put_snapshot(
+                tx, session, watermark, schema_version, blob, owner_epoch, owner
+            ),
         )
 
     async def get_snapshot(self, session: str, watermark: int) -> Snapshot:

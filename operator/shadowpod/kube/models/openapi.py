@@ -15,6 +15,7 @@ from typing import Any, Final
 from pydantic import BaseModel
 
 from shadowpod.domain.bounds import INT64_MAX
+from shadowpod.kube.models.values import with_defaults
 
 
 class SchemaConversionError(ValueError):
@@ -97,6 +98,11 @@ def _convert(node: dict[str, Any], definitions: dict[str, Any], where: str) -> d
                 f"{where}: JSON schema keyword {key!r} is not carried into CRDs"
                 " (express it with the keywords in openapi.KEYWORD_ORDER or a CEL Rule)"
             )
+    if converted.get("default") == {} and converted.get("type") == "object":
+        # A real API server checks a default as it is written, CEL rules included: it
+        # does not fill in the defaults nested in it first, so a bare `{}` fails every
+        # rule that reads one of its defaulted fields ("no such key").
+        converted["default"] = with_defaults(converted, {})
     if converted.get("format") == "int64" and converted.get("maximum") == INT64_MAX:
         del converted["maximum"]  # int64 says it; as a float64 bound 2**63-1 is inexact
     return {key: converted[key] for key in KEYWORD_ORDER if key in converted}
