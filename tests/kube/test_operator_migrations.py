@@ -206,6 +206,57 @@ async def test_deleting_a_running_migration_cancels_it_and_the_source_keeps_the_
     body = await world.wait_running("m5", epoch=1)
     assert body["status"]["ownerPod"] == source
     await eventually(lambda: _only(world, "m5", source), timeout=30)
+    # The session still says what became of it, once the AgentMigration is gone too.
+    body = await world.wait_settled("m5", epoch=1)
+    last = body["status"]["lastMigration"]
+    assert (last["name"], last["result"], last["reason"]) == (
+        "cancel-m5",
+        "RolledBack",
+        "Cancelled",
+    )
+    assert "activeMigration" not in body["status"]
+    degraded = next(c for c in body["status"]["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Cancelled")
+    assert "cancel-m5" in degraded["message"]
+
+
+async def test_a_migration_that_cannot_start_for_the_gateway_is_tried_again_until_it_can(
+    world: World, kubelet: Kubelet
+) -> None:
+    """The daemon's error path: the gateway away when a migration starts is said on the
+    AgentMigration (a Warning event, the error counted), and the migration starts once
+    the gateway is back."""
+    await kubelet.add_node("node-2")
+    await world.apply(session_manifest("m8"))
+    body = await world.wait_running("m8", epoch=1)
+    there = "node-2" if body["status"]["nodeName"] == "node-1" else "node-1"
+    await world.gateway.stop(kill=True)
+    # A move to another node: a move to another image than spec.image would be moved
+    # back by the session's reconciler (spec.image is what the session should run).
+    await world.apply(manual_migration("move-m8", "m8", nodeName=there))
+
+    async def warned() -> list[str] | None:
+        said = [
+            m
+            for t, r, m in await world.events("move-m8")
+            if (t, r) == ("Warning", "GatewayUnavailable")
+        ]
+        return said or None
+
+    said = await eventually(warned, timeout=60)
+    assert "trying again" in said[0], said
+    errors = world.metrics.registry.get_sample_value(
+        "shadowpod_reconcile_errors_total",
+        {"kind": "AgentMigration", "reason": "GatewayUnavailable"},
+    )
+    assert errors is not None and errors >= 1
+
+    await world.gateway.start()
+    migration = await world.wait_finished("move-m8", timeout=180)
+    assert migration["status"]["result"] == "Succeeded", migration["status"].get("message")
+    body = await world.wait_settled("m8", epoch=2)
+    assert body["status"]["nodeName"] == there
+    assert body["status"]["lastMigration"]["name"] == "move-m8"
 
 
 async def test_an_operator_restarted_mid_migration_finishes_it(world: World) -> None:
@@ -333,3 +384,16 @@ async def test_an_image_change_during_a_migration_waits_for_it_then_runs(world: 
     assert World.record(done_second).started >= World.record(done_first).ended  # type: ignore[operator]
     body = await world.wait_running("q1", epoch=3)
     assert body["status"]["image"] == "refagent:v2-b"
+
+    async def last_is_second() -> dict[str, Any] | None:
+        status = (await world.session("q1")).get("status") or {}
+        last = status.get("lastMigration") or {}
+        return last if last.get("name") == second else None
+
+    last = await eventually(last_is_second, timeout=30)
+    assert (last["result"], last["reason"]) == ("Succeeded", "ImageChange")
+    assert (last["sourceImage"], last["targetImage"]) == ("refagent:v2", "refagent:v2-b")
+    assert last["durationMilliseconds"] > 0
+    # The same pause as the AgentMigration's (none without a message held back).
+    assert last.get("fencePauseMilliseconds") == done_second["status"].get("fencePauseMilliseconds")
+    assert last["completionTime"] >= last["startTime"]

@@ -157,6 +157,38 @@ async def test_deleting_a_session_with_the_gateway_down_does_not_hang(world: Wor
     await eventually(lambda: _no_pods(world, "s5"), timeout=60)
 
 
+async def test_a_session_the_gateway_cannot_serve_is_degraded_until_it_can(world: World) -> None:
+    """A reconcile that fails (the gateway away for longer than its retries) says so on
+    the session — Degraded with the reason, a Warning event, the error counted — and the
+    next pass after the gateway is back brings the session up."""
+    await world.gateway.stop(kill=True)
+    await world.apply(session_manifest("s6"))
+
+    async def degraded() -> dict[str, str] | None:
+        conditions = ((await world.session("s6")).get("status") or {}).get("conditions", [])
+        found = [c for c in conditions if c["type"] == "Degraded" and c["status"] == "True"]
+        return found[0] if found else None
+
+    cond = await eventually(degraded, timeout=60)
+    assert cond["reason"] == "GatewayUnavailable"
+    assert "the operator tries again" in cond["message"], cond
+    body = await world.session("s6")
+    assert body["status"]["phase"] == "Pending"
+    assert condition(body, "Ready")["status"] == "False"
+    warnings = [(r, m) for t, r, m in await world.events("s6") if t == "Warning"]
+    assert warnings and {r for r, _ in warnings} == {"GatewayUnavailable"}, warnings
+    assert all("trying again" in m for _, m in warnings), warnings
+    errors = world.metrics.registry.get_sample_value(
+        "shadowpod_reconcile_errors_total",
+        {"kind": "AgentSession", "reason": "GatewayUnavailable"},
+    )
+    assert errors is not None and errors >= 1
+
+    await world.gateway.start()
+    body = await world.wait_running("s6", epoch=1, timeout=90)
+    assert condition(body, "Degraded")["status"] == "False"
+
+
 async def _no_pods(world: World, session: str) -> bool:
     return not await world.pods(session)
 

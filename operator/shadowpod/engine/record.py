@@ -7,33 +7,15 @@ restarted engine continues from the saved record.
 from __future__ import annotations
 
 import time
-from enum import StrEnum
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# Re-exported: the engine's users name the phases from here.
+from shadowpod.domain.phases import TERMINAL as TERMINAL
+from shadowpod.domain.phases import Phase as Phase
 from shadowpod.gates.persona import PersonaCheck, PersonaPolicy
 from shadowpod.gates.policy import GatePolicy
-
-
-class Phase(StrEnum):
-    PENDING = "Pending"
-    PREFLIGHT = "Preflight"
-    SNAPSHOTTING = "Snapshotting"
-    RESTORING = "Restoring"
-    CATCHING_UP = "CatchingUp"
-    # The upgrade gate (optional): the new version's answers judged before the fence.
-    VALIDATING = "Validating"
-    FENCING = "Fencing"
-    COMMITTED = "Committed"
-    DRAINING = "Draining"
-    SUCCEEDED = "Succeeded"
-    ROLLING_BACK = "RollingBack"
-    ROLLED_BACK = "RolledBack"
-    FAILED = "Failed"
-    # The restart baseline stops the source before it starts the target.
-    STOPPING = "Stopping"
-
 
 # The phases a shadow migration that succeeds goes through, in order (after Pending).
 SHADOW_PHASES: Final = (
@@ -45,7 +27,6 @@ SHADOW_PHASES: Final = (
     Phase.COMMITTED,
     Phase.DRAINING,
 )
-TERMINAL: Final = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED})
 # Phases after which the new epoch may exist: from here on there is no rolling back.
 COMMITTED_PHASES: Final = frozenset({Phase.COMMITTED, Phase.DRAINING, Phase.SUCCEEDED})
 

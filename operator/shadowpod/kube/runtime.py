@@ -51,10 +51,6 @@ class NodeNotFound(RuntimeFailure):
     reason = "NodeNotFound"
 
 
-# What each image reported when its pods ran, shared by every session's runtime.
-_KNOWN_IMAGES: dict[str, ImageInfo] = {}
-
-
 def image_problem(image: str) -> str | None:
     """Why ``image`` is not a reference a container runtime can pull, if it is not."""
     if IMAGE_REFERENCE.match(image):
@@ -87,8 +83,8 @@ class PodRuntime:
     async def describe(self, image: str) -> ImageInfo:
         if (problem := image_problem(image)) is not None:
             raise ImageNotFound(problem)
-        if image in _KNOWN_IMAGES:
-            return _KNOWN_IMAGES[image]
+        if image in self.ctx.known_images:
+            return self.ctx.known_images[image]
         # Not run yet: assume it reads what the source writes; its shadow will say if not.
         schema = 1 if self.source_info is None else self.source_info.state_schema
         return ImageInfo(image=image, state_schema=schema, reads_state_schemas=[schema])
@@ -107,7 +103,7 @@ class PodRuntime:
             state_schema=status.state_schema,
             reads_state_schemas=sorted(set(status.reads_state_schemas)),
         )
-        _KNOWN_IMAGES[image] = self.source_info = info
+        self.ctx.known_images[image] = self.source_info = info
         return info
 
     async def missing_credentials(self, image: str, names_: list[str]) -> list[str]:
@@ -170,7 +166,7 @@ class PodRuntime:
             )
         reported = await read_agent_status(self.ctx.http, f"http://{ip}:{names.AGENT_PORT}")
         if reported is not None:
-            _KNOWN_IMAGES.setdefault(
+            self.ctx.known_images.setdefault(
                 _container(pod)["image"],
                 ImageInfo(
                     image=_container(pod)["image"],

@@ -264,9 +264,6 @@ class JournalStatus(KubeModel):
 
     head_seq: Int64 = Field(default=0, description="The last entry's seq.")
     acked_seq: Int64 = Field(default=0, description="The last inbound seq the owner processed.")
-    latest_snapshot_seq: Int64 | None = Field(
-        default=None, description="The watermark of the latest snapshot."
-    )
 
 
 class MigrationSummary(KubeModel):
