@@ -39,7 +39,7 @@ def test_defaults_install_the_operator_gateway_and_crds_and_nothing_optional(
     assert rendered.kinds() == sorted(
         ["ServiceAccount"] * 2
         + ["Secret", "PersistentVolumeClaim"]
-        + ["CustomResourceDefinition"] * 2
+        + ["CustomResourceDefinition"] * 3
         + ["ClusterRole"] * 2
         + ["ClusterRoleBinding"] * 2
         + ["Service"] * 2

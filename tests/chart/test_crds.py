@@ -15,7 +15,11 @@ from tests.kube.connection import KubeConnection
 from tests.kube.emulator import ApiServerEmulator
 
 CRDS = REPO / "crds"
-NAMES = {"agentsessions.shadowpod.dev", "agentmigrations.shadowpod.dev"}
+NAMES = {
+    "agentsessions.shadowpod.dev",
+    "agentmigrations.shadowpod.dev",
+    "agentdeployments.shadowpod.dev",
+}
 Cluster = tuple[ApiServerEmulator, KubeConnection]
 
 

@@ -188,6 +188,11 @@ class FakeRuntime:
             instance.alive, instance.mode = False, "stopped"
         self.stopped.append(name)
 
+    def kill(self, name: str) -> None:
+        """SIGKILL: the instance is gone at once, as a crashed process or pod is."""
+        instance = self.session.instances[name]
+        instance.alive, instance.mode, instance.error = False, "crashed", "was killed by SIGKILL"
+
     def owner(self, name: str, *, epoch: int = 1) -> FakeInstance:
         """An instance already serving as the session's owner (the migration's source)."""
         spec = InstanceSpec(name=name, image="agent:v1", session=self.session.name, mode="owner")
@@ -240,6 +245,7 @@ class FakeControl:
 
     def __init__(self, session: FakeSession) -> None:
         self.session = session
+        self.set_owner_calls = 0
 
     def _reachable(self) -> None:
         if self.session.gateway_down_calls > 0:
@@ -277,6 +283,9 @@ class FakeControl:
         if self.session.busy_fences > 0:
             self.session.busy_fences -= 1
             raise FenceTimedOut("the owner stayed mid-turn past the fence timeout")
+        owner = self.session.instances.get(ownership.owner or "")
+        if owner is None or not owner.alive:  # a dead owner never acks what it was given
+            raise FenceTimedOut("the owner did not finish its turn within the fence timeout")
         self.session.head += 1
         epoch = expect_epoch + 1
         self.session.ownership = Ownership(
@@ -305,7 +314,13 @@ class FakeControl:
         self._reachable()
         if self.session.ownership.epoch != expect_epoch:
             raise EpochConflict(session, expected=expect_epoch, current=self.session.ownership)
+        self.session.head += 1  # the epoch marker
         self.session.ownership = Ownership(epoch=epoch, owner=owner, fence_seq=self.session.head)
+        self.set_owner_calls += 1
+        shadow = self.session.instances.get(owner)
+        if shadow is not None and shadow.alive and shadow.mode == "shadow":  # it sees the marker
+            shadow.mode, shadow.epoch = "owner", epoch
+            shadow.ready_after = shadow.polls + shadow.takeover_polls
         return self.session.ownership
 
     async def fence_pause(self, session: str) -> FencePause:

@@ -23,7 +23,7 @@ from shadowpod.engine.record import MigrationRecord
 from shadowpod.kube import names
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.config import OperatorConfig
-from shadowpod.kube.handlers import registry
+from shadowpod.kube.handlers import OperatorMemo, registry
 from shadowpod.kube.metrics import OperatorMetrics
 from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.kube.records import RECORD_ANNOTATION
@@ -96,8 +96,12 @@ class World:
         )
 
     async def start_operator(self) -> None:
+        config = self.config()
         self.operator = OperatorThread(
-            registry(self.config(), self.metrics), self.kube, namespaces=[self.namespace]
+            registry(config),
+            self.kube,
+            namespaces=[self.namespace],
+            memo=OperatorMemo(config, self.metrics),
         )
         await self.operator.start()
 

@@ -88,6 +88,26 @@ async def test_a_failed_json_patch_test_is_unprocessable(widgets: Widgets) -> No
     assert (await widgets.get("w1"))["spec"] == {"size": 1}
 
 
+async def test_a_label_value_over_63_characters_is_refused_on_create_and_on_patch(
+    widgets: Widgets,
+) -> None:
+    """As on a real API server: an operator whose labels are built from names longer
+    than the limit has its pods refused there, and must be here too."""
+    fits, too_long = "m" * 63, "m" * 64
+    await widgets.create("w1", {"size": 1}, labels={"shadowpod.dev/migration": fits})
+    with pytest.raises(ApiException) as created:
+        await widgets.create("w2", {"size": 1}, labels={"shadowpod.dev/migration": too_long})
+    assert created.value.status == 422
+    assert "must be no more than 63 characters" in created.value.body
+    with pytest.raises(ApiException) as patched:
+        await widgets.patch("w1", {"metadata": {"labels": {"shadowpod.dev/migration": too_long}}})
+    assert patched.value.status == 422
+    with pytest.raises(ApiException) as odd:
+        await widgets.patch("w1", {"metadata": {"labels": {"role": "-owner"}}})
+    assert odd.value.status == 422
+    assert (await widgets.get("w1"))["metadata"]["labels"] == {"shadowpod.dev/migration": fits}
+
+
 async def test_generation_counts_spec_changes_only(widgets: Widgets) -> None:
     await widgets.create("w1", {"size": 1})
     labelled = await widgets.patch("w1", {"metadata": {"labels": {"a": "b"}}})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -182,7 +183,7 @@ def test_every_column_reads_a_field_of_its_type() -> None:
         for column in version_of(crd)["additionalPrinterColumns"]:
             if column["jsonPath"].startswith(".metadata."):
                 continue
-            path = column["jsonPath"].replace('[?(@.type=="Ready")]', "[]")
+            path = re.sub(r'\[\?\(@\.type=="\w+"\)\]', "[]", column["jsonPath"])
             node = resolve(schema, path)
             assert node["type"] == as_schema[column["type"]], column
 

@@ -16,7 +16,7 @@ import copy
 import functools
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -563,6 +563,115 @@ CASES: Final = [
         "a phase the engine does not have",
         edit(MIGRATION, {"status.phase": "Validated"}),
         refused="status.phase: must be one of",
+    ),
+]
+
+# --- AgentDeployment ---------------------------------------------------------------------
+
+DEPLOYMENT: Final = {
+    "apiVersion": "shadowpod.dev/v1alpha1",
+    "kind": "AgentDeployment",
+    "metadata": {"name": "support"},
+    "spec": {
+        "template": {"image": "refagent:v1"},
+        "strategy": {"steps": [{"canary": {"sessions": 1}}, {"pause": {}}]},
+    },
+}
+# What a session and its deployment's template share: the same rules apply there.
+TEMPLATE_FIELDS: Final = {
+    "image",
+    "imagePullPolicy",
+    "command",
+    "args",
+    "env",
+    "resources",
+    "credentials",
+    "memory",
+    "identity",
+    "checkpoint",
+}
+
+
+def as_deployment(case: Case) -> Case | None:
+    """A session case about the template's fields or the migration policy, asked of an
+    AgentDeployment's template: it must be admitted or refused the same way."""
+    spec = case.new["spec"]
+    if case.old is not None or case.new["metadata"] != {"name": "ada"}:
+        return None
+    if case.refused is not None and case.refused.startswith("status."):
+        return None
+    if not set(spec) <= TEMPLATE_FIELDS | {"migration"}:
+        return None
+    template = {key: value for key, value in spec.items() if key in TEMPLATE_FIELDS}
+    new = edit(DEPLOYMENT, {"spec.template": template})
+    if "migration" in spec:
+        new = edit(new, {"spec.migration": spec["migration"]})
+    refused = case.refused
+    if refused is not None:
+        for key in TEMPLATE_FIELDS:
+            refused = refused.replace(f"spec.{key}", f"spec.template.{key}")
+    return Case(f"a deployment: {case.name}", new, refused=refused)
+
+
+def without_status(obj: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in obj.items() if key != "status"}
+
+
+CASES += [
+    derived
+    for case in [replace(c, new=without_status(c.new)) for c in CASES]
+    if case.new["kind"] == "AgentSession" and (derived := as_deployment(case)) is not None
+]
+CASES += [
+    Case("the base deployment", DEPLOYMENT),
+    Case(
+        "a 64-character deployment name",
+        edit(DEPLOYMENT, {"metadata.name": "a" * 64}),
+        refused="<root>: an AgentDeployment's name is at most 63 characters",
+    ),
+    Case(
+        "a canary of both sessions and percent",
+        edit(DEPLOYMENT, {"spec.strategy.steps.0.canary.percent": 5}),
+        refused="spec.strategy.steps[0].canary: a canary step takes sessions or percent",
+    ),
+    Case(
+        "a canary of nothing",
+        edit(DEPLOYMENT, {"spec.strategy.steps.0.canary": {}}),
+        refused="spec.strategy.steps[0].canary: a canary step takes sessions or percent",
+    ),
+    Case(
+        "a step that is a canary and a pause",
+        edit(DEPLOYMENT, {"spec.strategy.steps.0.pause": {}}),
+        refused="spec.strategy.steps[0]: a step is a canary or a pause",
+    ),
+    Case(
+        "a step that is neither",
+        edit(DEPLOYMENT, {"spec.strategy.steps.1.pause": DELETE}),
+        refused="spec.strategy.steps[1]: a step is a canary or a pause",
+    ),
+    Case(
+        "more per node than in all",
+        edit(DEPLOYMENT, {"spec.strategy.maxConcurrentPerNode": 11}),
+        refused="spec.strategy: maxConcurrentPerNode may not exceed maxConcurrentMigrations",
+    ),
+    Case(
+        "a percentage over 100",
+        edit(DEPLOYMENT, {"spec.strategy.steps.0.canary": {"percent": 101}}),
+        refused="spec.strategy.steps[0].canary.percent: must be at most 100",
+    ),
+    Case(
+        "a pause of two weeks",
+        edit(DEPLOYMENT, {"spec.strategy.steps.1.pause.durationSeconds": 14 * 86400}),
+        refused="spec.strategy.steps[1].pause.durationSeconds: must be at most 604800",
+    ),
+    Case(
+        "a session following a deployment, pinned",
+        edit(SESSION, {"spec.deploymentRef": {"name": "support"}, "spec.pinned": True}),
+    ),
+    Case(
+        "a deployment reference that is no name",
+        edit(SESSION, {"spec.deploymentRef": {"name": "Support!"}}),
+        refused="spec.deploymentRef.name: must match",
     ),
 ]
 

@@ -17,6 +17,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from shadowpod.api.models import CreateSession, OwnershipChange
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.kube import manifests, names
+from shadowpod.kube.answers import Answers
+from shadowpod.kube.answers import manifest as answers_manifest
 from shadowpod.kube.models.v1alpha1 import AgentSession
 from shadowpod.local.gateway_process import GatewayProcess
 from tests.kube.connection import KubeConnection
@@ -119,6 +121,50 @@ async def _replies(
 async def _evict(core: client.CoreV1Api, pod: str) -> None:
     body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod}}
     await core.create_namespaced_pod_eviction(pod, NAMESPACE, body)
+
+
+async def test_what_the_operator_makes_for_a_63_character_session_is_admitted(
+    emulator_kube: KubeConnection,
+) -> None:
+    """A session's name may be 63 characters; the migrations the operator names after
+    it (an image change, a drain) and a hand-made one of 253 must still label their
+    pods, PodCheckpoints and answers within the API server's 63 per label value."""
+    async with emulator_kube.api() as api:
+        body = yaml.safe_load(EXAMPLE.read_text())
+        body["metadata"]["name"] = "s" * 63
+        created = await client.CustomObjectsApi(api).create_namespaced_custom_object(
+            "shadowpod.dev", "v1alpha1", NAMESPACE, "agentsessions", body
+        )
+        session = AgentSession.model_validate(created)
+        name = "s" * 63
+        migrations = [
+            names.image_migration(name, 12),
+            names.drain_migration(name, "node-a", f"{name}-abcde"),
+            "m" * 253,
+        ]
+        core = client.CoreV1Api(api)
+        for n, migration in enumerate(migrations):
+            pod = manifests.agent_pod(
+                session,
+                instance=f"{name}-{n}",
+                gateway_session=names.gateway_session(NAMESPACE, name),
+                mode="shadow",
+                migration=migration,
+            )
+            made = await core.create_namespaced_pod(NAMESPACE, pod)
+            label = made.metadata.labels[names.MIGRATION_LABEL]
+            assert len(label) <= 63 and label.startswith(migration[:40])
+            answers = Answers(
+                migration=migration, session=name, source_image="a:v1", target_image="a:v2"
+            )
+            owner = {
+                "apiVersion": "shadowpod.dev/v1alpha1",
+                "kind": "AgentMigration",
+                "metadata": {"name": migration, "namespace": NAMESPACE, "uid": "u"},
+            }
+            await core.create_namespaced_config_map(NAMESPACE, answers_manifest(owner, answers))
+        # Distinct migrations keep distinct labels (the digest of the whole name).
+        assert len({names.label_value(m) for m in [*migrations, "m" * 252]}) == 4
 
 
 def test_the_agents_identity_and_credentials_are_readable_by_a_non_root_user() -> None:

@@ -94,6 +94,68 @@ async def test_a_migration_created_by_hand_moves_the_session_to_the_named_node(
     assert body["status"]["image"] == "refagent:v1"  # same image, another node
 
 
+async def test_a_move_by_hand_to_another_image_is_kept_until_spec_image_changes(
+    world: World,
+) -> None:
+    """A user's AgentMigration to another image is honoured: the session stays on it
+    (before, the operator moved it straight back to ``spec.image`` — to an image that
+    cannot read what v2 wrote); a later change of ``spec.image`` moves it again."""
+    await world.apply(session_manifest("m9"))
+    await world.wait_running("m9", epoch=1)
+    await world.apply(manual_migration("hand-m9", "m9", image="refagent:v2"))
+    migration = await world.wait_finished("hand-m9")
+    assert migration["status"]["result"] == "Succeeded", migration["status"].get("message")
+    body = await world.wait_settled("m9", epoch=2)
+    assert body["status"]["image"] == "refagent:v2"
+    await asyncio.sleep(5.0)  # ten reconcile intervals
+    made = await world.raw.list(world.path("agentmigrations"), labels={names.SESSION_LABEL: "m9"})
+    assert [m["metadata"]["name"] for m in made] == ["hand-m9"]
+    body = await world.session("m9")
+    assert (body["status"]["epoch"], body["status"]["image"]) == (2, "refagent:v2")
+
+    migration_name = await bump(world, "m9", "refagent:v2-reworded")
+    migration = await world.wait_finished(migration_name)
+    assert migration["status"]["result"] == "Succeeded", migration["status"].get("message")
+    body = await world.wait_settled("m9", epoch=3)
+    assert body["status"]["image"] == "refagent:v2-reworded"
+
+
+@pytest.mark.parametrize(
+    ("target", "reason", "says"),
+    [
+        ({"image": "refagent:no-such-tag"}, "ImagePullFailed", "cannot be pulled"),
+        ({"nodeName": "no-such-node"}, "NodeNotFound", "does not exist"),
+    ],
+    ids=["image", "node"],
+)
+async def test_a_target_that_can_never_run_fails_at_once_saying_why(
+    world: World, target: dict[str, str], reason: str, says: str
+) -> None:
+    """An image no registry has, or a node that does not exist: the migration fails
+    with that reason (the condition, a Warning event on it and its session) and rolls
+    back, well before its phase would time out (60 s) — not as "the shadow reporting
+    ready did not happen"."""
+    await world.apply(
+        session_manifest("m10", migration={"phaseTimeoutSeconds": 60, "maxDurationSeconds": 120})
+    )
+    body = await world.wait_running("m10", epoch=1)
+    source = body["status"]["ownerPod"]
+    started = asyncio.get_running_loop().time()
+    await world.apply(manual_migration("never-m10", "m10", **target))
+    migration = await world.wait_finished("never-m10")
+    assert asyncio.get_running_loop().time() - started < 45
+    status = migration["status"]
+    assert status["result"] == "RolledBack", status
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", reason), failed
+    assert says in failed["message"] and says in status["message"]
+    warnings = [(r, m) for t, r, m in await world.events("never-m10") if t == "Warning"]
+    assert any(r == reason and says in m for r, m in warnings), warnings
+    body = await world.wait_running("m10", epoch=1)
+    assert body["status"]["ownerPod"] == source
+    await eventually(lambda: _only(world, "m10", source), timeout=30)  # no shadow left
+
+
 async def test_a_target_image_that_fails_rolls_back_and_the_session_keeps_serving(
     world: World,
 ) -> None:
@@ -157,6 +219,57 @@ async def test_deleting_a_running_migration_cancels_it_and_the_source_keeps_the_
     body = await world.wait_running("m5", epoch=1)
     assert body["status"]["ownerPod"] == source
     await eventually(lambda: _only(world, "m5", source), timeout=30)
+    # The session still says what became of it, once the AgentMigration is gone too.
+    body = await world.wait_settled("m5", epoch=1)
+    last = body["status"]["lastMigration"]
+    assert (last["name"], last["result"], last["reason"]) == (
+        "cancel-m5",
+        "RolledBack",
+        "Cancelled",
+    )
+    assert "activeMigration" not in body["status"]
+    degraded = next(c for c in body["status"]["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "Cancelled")
+    assert "cancel-m5" in degraded["message"]
+
+
+async def test_a_migration_that_cannot_start_for_the_gateway_is_tried_again_until_it_can(
+    world: World, kubelet: Kubelet
+) -> None:
+    """The daemon's error path: the gateway away when a migration starts is said on the
+    AgentMigration (a Warning event, the error counted), and the migration starts once
+    the gateway is back."""
+    await kubelet.add_node("node-2")
+    await world.apply(session_manifest("m8"))
+    body = await world.wait_running("m8", epoch=1)
+    there = "node-2" if body["status"]["nodeName"] == "node-1" else "node-1"
+    await world.gateway.stop(kill=True)
+    # A move to another node: a move to another image than spec.image would be moved
+    # back by the session's reconciler (spec.image is what the session should run).
+    await world.apply(manual_migration("move-m8", "m8", nodeName=there))
+
+    async def warned() -> list[str] | None:
+        said = [
+            m
+            for t, r, m in await world.events("move-m8")
+            if (t, r) == ("Warning", "GatewayUnavailable")
+        ]
+        return said or None
+
+    said = await eventually(warned, timeout=60)
+    assert "trying again" in said[0], said
+    errors = world.metrics.registry.get_sample_value(
+        "shadowpod_reconcile_errors_total",
+        {"kind": "AgentMigration", "reason": "GatewayUnavailable"},
+    )
+    assert errors is not None and errors >= 1
+
+    await world.gateway.start()
+    migration = await world.wait_finished("move-m8", timeout=180)
+    assert migration["status"]["result"] == "Succeeded", migration["status"].get("message")
+    body = await world.wait_settled("m8", epoch=2)
+    assert body["status"]["nodeName"] == there
+    assert body["status"]["lastMigration"]["name"] == "move-m8"
 
 
 async def test_an_operator_restarted_mid_migration_finishes_it(world: World) -> None:
@@ -284,3 +397,16 @@ async def test_an_image_change_during_a_migration_waits_for_it_then_runs(world: 
     assert World.record(done_second).started >= World.record(done_first).ended  # type: ignore[operator]
     body = await world.wait_running("q1", epoch=3)
     assert body["status"]["image"] == "refagent:v2-b"
+
+    async def last_is_second() -> dict[str, Any] | None:
+        status = (await world.session("q1")).get("status") or {}
+        last = status.get("lastMigration") or {}
+        return last if last.get("name") == second else None
+
+    last = await eventually(last_is_second, timeout=30)
+    assert (last["result"], last["reason"]) == ("Succeeded", "ImageChange")
+    assert (last["sourceImage"], last["targetImage"]) == ("refagent:v2", "refagent:v2-b")
+    assert last["durationMilliseconds"] > 0
+    # The same pause as the AgentMigration's (none without a message held back).
+    assert last.get("fencePauseMilliseconds") == done_second["status"].get("fencePauseMilliseconds")
+    assert last["completionTime"] >= last["startTime"]

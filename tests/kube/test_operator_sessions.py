@@ -4,6 +4,7 @@ bad manifests say what is wrong, a dead owner is replaced, deletion cleans up.""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,38 @@ async def test_deleting_a_session_with_the_gateway_down_does_not_hang(world: Wor
     await eventually(lambda: _no_pods(world, "s5"), timeout=60)
 
 
+async def test_a_session_the_gateway_cannot_serve_is_degraded_until_it_can(world: World) -> None:
+    """A reconcile that fails (the gateway away for longer than its retries) says so on
+    the session — Degraded with the reason, a Warning event, the error counted — and the
+    next pass after the gateway is back brings the session up."""
+    await world.gateway.stop(kill=True)
+    await world.apply(session_manifest("s6"))
+
+    async def degraded() -> dict[str, str] | None:
+        conditions = ((await world.session("s6")).get("status") or {}).get("conditions", [])
+        found = [c for c in conditions if c["type"] == "Degraded" and c["status"] == "True"]
+        return found[0] if found else None
+
+    cond = await eventually(degraded, timeout=60)
+    assert cond["reason"] == "GatewayUnavailable"
+    assert "the operator tries again" in cond["message"], cond
+    body = await world.session("s6")
+    assert body["status"]["phase"] == "Pending"
+    assert condition(body, "Ready")["status"] == "False"
+    warnings = [(r, m) for t, r, m in await world.events("s6") if t == "Warning"]
+    assert warnings and {r for r, _ in warnings} == {"GatewayUnavailable"}, warnings
+    assert all("trying again" in m for _, m in warnings), warnings
+    errors = world.metrics.registry.get_sample_value(
+        "shadowpod_reconcile_errors_total",
+        {"kind": "AgentSession", "reason": "GatewayUnavailable"},
+    )
+    assert errors is not None and errors >= 1
+
+    await world.gateway.start()
+    body = await world.wait_running("s6", epoch=1, timeout=90)
+    assert condition(body, "Degraded")["status"] == "False"
+
+
 async def _no_pods(world: World, session: str) -> bool:
     return not await world.pods(session)
 
@@ -229,6 +262,34 @@ async def test_a_bad_manifest_the_api_admits_is_a_condition_and_an_event(
     warnings = [(r, m) for t, r, m in await world.events("bad") if t == "Warning"]
     assert [r for r, _ in warnings] == [reason]  # said once, not on every pass
     assert await world.pods("bad") == []
+
+
+async def test_sessions_that_cannot_start_are_backed_off_and_a_valid_one_is_not_held_up(
+    world: World,
+) -> None:
+    """Three sessions whose image is no reference, next to one that works: each broken
+    one is tried again after a wait that doubles (from the 0.5 s reconcile interval),
+    not on every pass, and the working one comes up as if they were not there."""
+    for n in range(3):
+        await world.apply(session_manifest(f"bad{n}", image="Registry/RefAgent:v1"))
+    started = asyncio.get_running_loop().time()
+    await world.apply(session_manifest("good"))
+    await world.wait_running("good", epoch=1, timeout=30)
+    await asyncio.sleep(max(0.0, 12.0 - (asyncio.get_running_loop().time() - started)))
+    tries = world.metrics.registry.get_sample_value(
+        "shadowpod_reconcile_errors_total", {"kind": "AgentSession", "reason": "InvalidImage"}
+    )
+    # In 12 s: tried at about 0, 0.5, 1.5, 3.5 and 7.5 s, with room for a pass triggered
+    # by the operator's own status writes. On every pass, it would be 24 each.
+    assert tries is not None and 3 <= tries <= 3 * 7, tries
+    for n in range(3):
+        warnings = [r for t, r, _ in await world.events(f"bad{n}") if t == "Warning"]
+        assert warnings == ["InvalidImage"]  # said once
+        assert (await world.session(f"bad{n}"))["status"]["phase"] == "Pending"
+
+    # Corrected (a spec change): tried at once, whatever the wait was.
+    await world.raw.patch(world.path("agentsessions", "bad0"), {"spec": {"image": "refagent:v1"}})
+    await world.wait_running("bad0", epoch=1, timeout=30)
 
 
 async def test_the_operators_events_carry_what_a_real_api_server_requires(world: World) -> None:

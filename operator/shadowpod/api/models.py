@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict
 
 from shadowpod.domain.bounds import INT64_MAX, EntrySeq, Epoch, OwnerEpoch, Seq
 from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
-from shadowpod.domain.ownership import FenceState, Ownership
+from shadowpod.domain.ownership import Ownership
 from shadowpod.domain.payloads import (
     MAX_SCHEDULE_CONTENT,
     MAX_SCHEDULES_PER_SESSION,
@@ -281,8 +281,3 @@ class FenceResult(_Body):
 
 class UnfenceRequest(_Body):
     expect_epoch: Epoch
-
-
-class FenceStateOut(_Body):
-    epoch: int
-    fence: FenceState

@@ -10,14 +10,19 @@ and during each, one component gets ``kill -9`` at a phase drawn at random:
 - ``engine``: its process; a new engine resumes the migration from its stored record.
 
 The strike lands at the phase's boundary (the engine is held there, before the phase
-acts) or a random moment after it, wherever the migration then is. A dead owner is
-started again at its epoch, as its pod would be (an instance crashed before the epoch
-bump is not the engine's to restart). After each migration, once every message sent
-so far has been answered, the invariants are checked: no message lost, duplicated or
-answered out of order; no process left of an instance that died (none carrying its
-tag, none in its process group); no instance left running that owns no session. The
-campaign then goes on with the next migration (v1 → v2, then between two tags of v2),
-and at the end runs the live scenario's own checks over the whole journal.
+acts) or a random moment after it, wherever the migration then is. Nothing outside the
+engine restarts an instance of a migration: a source that dies before the bump is its to
+replace (the shadow takes over, or a new owner of the source's image), a new owner
+that crashes after it is the engine's to restart. After each migration, once every
+message sent so far has been answered, the invariants are checked: no message lost,
+duplicated or answered out of order, none answered later than ``answer_bound_s``; every
+session's owner alive and serving (one found dead is counted, then started again so
+that the campaign can go on — unless the strike came after the migration had ended:
+that owner died outside any migration, and is restarted as its pod would be); no
+process left of an instance that died (none carrying its tag, none in its process
+group); no instance left running that owns no session. The campaign then goes on with
+the next migration (v1 → v2, then between two tags of v2), and at the end runs the
+live scenario's own checks over the whole journal.
 """
 
 from __future__ import annotations
@@ -39,7 +44,13 @@ from typing import Any, Final
 
 from shadowpod.bench.machine import LOOP_STEPS, MachineProbe
 from shadowpod.engine.ports import InstanceSpec
-from shadowpod.engine.record import SHADOW_PHASES, MigrationPolicy, MigrationRecord, Phase
+from shadowpod.engine.record import (
+    SHADOW_PHASES,
+    TERMINAL,
+    MigrationPolicy,
+    MigrationRecord,
+    Phase,
+)
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 from shadowpod.local.checks import Check
 from shadowpod.local.figures import combine, summarise
@@ -69,6 +80,17 @@ DELAYS_S: Final = (0.005, 0.25)
 EXIT_GRACE_S: Final = 10.0
 
 
+class ChaosAborted(RuntimeError):
+    """The campaign could not go on (not a broken invariant: a failure to run it)."""
+
+
+@dataclass(frozen=True)
+class Strike:
+    victim: str
+    phase: Phase
+    delay_s: float  # 0: at the boundary, the engine held there; else this long after
+
+
 @dataclass(frozen=True)
 class ChaosConfig:
     migrations: int = 200
@@ -82,17 +104,11 @@ class ChaosConfig:
     settle_s: float = 30.0
     workdir: Path | None = None
     loop_steps: int = LOOP_STEPS
-
-
-class ChaosAborted(RuntimeError):
-    """The campaign could not go on (not a broken invariant: a failure to run it)."""
-
-
-@dataclass(frozen=True)
-class Strike:
-    victim: str
-    phase: Phase
-    delay_s: float  # 0: at the boundary, the engine held there; else this long after
+    # Every accepted message is answered within this (the campaign's phase timeout: no
+    # phase may wait longer for what it needs, a dead source included).
+    answer_bound_s: float = 20.0
+    # These strikes, in order, instead of ``migrations`` drawn from ``seed``.
+    strikes: tuple[Strike, ...] = ()
 
 
 def plan_strikes(count: int, seed: int) -> list[Strike]:
@@ -237,16 +253,19 @@ class Tally:
     lost: int = 0
     duplicated: int = 0
     reordered: int = 0
+    late: int = 0
     checked: set[tuple[str, int]] = field(default_factory=set)  # dead instances looked at
 
 
-async def _restart_dead_owners(scenario: LiveScenario, record: MigrationRecord) -> list[str]:
-    """Start each session's owner again if it is dead, at its epoch (as its pod would be
-    restarted); wait until every owner serves. The names restarted."""
+async def _dead_owners(scenario: LiveScenario, record: MigrationRecord) -> list[str]:
+    """Sessions whose owner is dead once the migration has ended — a broken invariant:
+    the engine must never leave one. Each is started again at its epoch, only so that
+    the campaign can go on; then every owner must serve. The names found dead."""
     dep = scenario.deployment
-    known = {ref.name: ref for ref in (record.spec.source, record.spec.target)}
+    refs = (record.spec.source, record.spec.target, record.replacement)
+    known = {ref.name: ref for ref in refs if ref is not None}
     known.update((live.owner.name, live.owner) for live in scenario.sessions.values())
-    restarted = []
+    dead = []
     for live in scenario.sessions.values():
         ownership = await dep.control.ownership(live.name)  # asked again if it is away
         owner = known.get(ownership.owner or "")
@@ -264,9 +283,9 @@ async def _restart_dead_owners(scenario: LiveScenario, record: MigrationRecord) 
                     epoch=ownership.epoch,
                 )
             )
-            restarted.append(owner.name)
+            dead.append(owner.name)
         await dep.wait_serving(owner.name)
-    return restarted
+    return dead
 
 
 async def _orphans(scenario: LiveScenario, struck: list[LocalInstance], tally: Tally) -> list[str]:
@@ -318,13 +337,20 @@ async def _migrate_once(
     live: LiveSession,
     tally: Tally,
     settle_s: float,
+    bound_s: float,
 ) -> dict[str, Any]:
     started = time.monotonic()
     record = scenario.plan(NEXT_IMAGE[live.owner.image], session=live.name)
     engine = ChaosEngine(scenario, socket, strike)
     outcome = await scenario.run_migration(record, engine)
     done = outcome.record
-    restarted = await _restart_dead_owners(scenario, done)
+    dead = await _dead_owners(scenario, done)
+    # A strike that came after the migration ended (a delay past its last phase) killed
+    # an owner outside any migration: the runtime's to restart, as a pod's would be
+    # replaced by the operator — not the engine's.
+    struck_in = engine.result.struck_in
+    after_end = struck_in is not None and struck_in in TERMINAL
+    restarted, dead = (dead, []) if after_end else ([], dead)
     # Every message sent until now must be answered; what is not, once the sessions
     # have stopped answering for ``settle_s``, is lost.
     cutoff = time.monotonic()
@@ -332,12 +358,17 @@ async def _migrate_once(
     await asyncio.gather(*(load.wait_answered(settle_s, sent_before=cutoff) for load in loads))
     lost = sum(len(load.unanswered(cutoff)) for load in loads)
     verdict = combine(loads)
+    answered = [a for load in loads for a in load.answered()]
+    late = sum(1 for _, waited in answered if waited > bound_s)
+    worst = max((waited for at, waited in answered if started <= at <= cutoff), default=0.0)
     figures = {
         "lost": lost - tally.lost,
         "duplicated": verdict.duplicated - tally.duplicated,
         "reordered": verdict.reordered - tally.reordered,
+        "late": late - tally.late,
     }
     tally.lost, tally.duplicated, tally.reordered = lost, verdict.duplicated, verdict.reordered
+    tally.late = late
     orphans = await _orphans(scenario, engine.result.killed, tally)
     leftovers = await _leftovers(scenario)
     return {
@@ -354,9 +385,13 @@ async def _migrate_once(
         "failed_phase": None if done.failed_phase is None else done.failed_phase.value,
         "error": done.error,
         "recoveries": done.recoveries,
+        "source_lost": None if done.source_lost is None else done.source_lost.phase.value,
+        "replacement": None if done.replacement is None else done.replacement.name,
         "engine_restarts": engine.result.engine_restarts,
+        "dead_owners": dead,
         "owners_restarted": restarted,
         **figures,
+        "worst_answer_s": round(worst, 3),
         "orphans": orphans,
         "leftovers": leftovers,
         "seconds": round(time.monotonic() - started, 2),
@@ -370,7 +405,7 @@ async def run_chaos(
     machine = MachineProbe(loop_steps=config.loop_steps)
     machine.start()
     began = time.monotonic()
-    strikes = plan_strikes(config.migrations, config.seed)
+    strikes = list(config.strikes) or plan_strikes(config.migrations, config.seed)
     workdir = Path(tempfile.mkdtemp(prefix="shadowpod-chaos-", dir=config.workdir))
     journal_url, drop = _journal(config.journal_url)
     policy = MigrationPolicy(fence_timeout_s=1.0, max_fence_attempts=5, phase_timeout_s=20.0)
@@ -393,8 +428,9 @@ async def run_chaos(
                 for n, strike in enumerate(strikes):
                     live = scenario.sessions[names[n % len(names)]]
                     entry = await _migrate_once(
-                        scenario, socket, strike, live, tally, config.settle_s
-                    )
+                        scenario, socket, strike, live, tally, config.settle_s,
+                        config.answer_bound_s,
+                    )  # fmt: skip
                     migrations.append({"n": n, **entry})
                     if progress is not None:
                         progress(migrations[-1])
@@ -436,7 +472,9 @@ def _journal(url: str | None) -> tuple[str | None, Callable[[], Awaitable[None]]
     return f"{url}{'&' if '?' in url else '?'}shadowpod_schema={schema}", drop
 
 
-INVARIANTS: Final = ("lost", "duplicated", "reordered", "orphans", "leftovers")
+INVARIANTS: Final = (
+    "lost", "duplicated", "reordered", "late", "dead_owners", "orphans", "leftovers",
+)  # fmt: skip
 
 
 def broken_invariants(totals: dict[str, int], checks: list[Check]) -> list[str]:
@@ -467,6 +505,8 @@ def _report(
         "lost": v.lost,
         "duplicated": v.duplicated,
         "reordered": v.reordered,
+        "late": sum(m["late"] for m in migrations),
+        "dead_owners": sum(len(m["dead_owners"]) for m in migrations),
         "orphans": sum(len(m["orphans"]) for m in migrations),
         "leftovers": sum(len(m["leftovers"]) for m in migrations),
     }
@@ -487,7 +527,11 @@ def _report(
         "victim_not_running": sum(not m["hit"] for m in migrations),
         "engine_restarts": sum(m["engine_restarts"] for m in migrations),
         "owner_restarts": sum(len(m["owners_restarted"]) for m in migrations),
+        "sources_lost": sum(m["source_lost"] is not None for m in migrations),
+        "replacements": sum(m["replacement"] is not None for m in migrations),
         **totals,
+        "answer_bound_s": config.answer_bound_s,
+        "worst_answer_s": max((m["worst_answer_s"] for m in migrations), default=0.0),
         "messages": {"sent": v.sent, "accepted": v.accepted, "answered": v.replied},
         "checks": [
             {"name": c.name, "ok": c.ok, "measured": c.measured, "detail": c.detail}
@@ -498,8 +542,9 @@ def _report(
         "machine": machine.report(),
         "targets": {
             "invariants": {
-                "target": "0 lost, 0 duplicated, 0 reordered, no orphan, no leftover instance, "
-                "every check of the live scenario but 'migrations succeeded'",
+                "target": "0 lost, 0 duplicated, 0 reordered, every accepted message answered"
+                f" within {config.answer_bound_s:g} s, no dead owner, no orphan, no leftover"
+                " instance, every check of the live scenario but 'migrations succeeded'",
                 "measured": broken or "all held",
                 "met": not broken,
             }

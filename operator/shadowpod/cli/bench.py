@@ -372,8 +372,9 @@ def chaos(
     """Migrations under load while a random component (gateway, source, shadow, the
     engine) is killed with SIGKILL at a random phase; the invariants after each.
 
-    Exits 1 when an invariant broke: a message lost, duplicated or reordered, a process
-    of a dead instance left running, an instance left that owns no session.
+    Exits 1 when an invariant broke: a message lost, duplicated or reordered, or answered
+    later than the bound; a session left with a dead owner; a process of a dead instance
+    left running, an instance left that owns no session.
     """
     config = ChaosConfig(
         migrations=migrations,
@@ -390,9 +391,12 @@ def chaos(
 
 def _chaos_progress(entry: dict[str, Any]) -> None:
     """One line per migration on stderr, as it ends: a long run can be followed."""
-    keys = ("n", "victim", "phase", "delay_ms", "result", "lost", "duplicated", "reordered")
+    keys = (
+        "n", "victim", "phase", "delay_ms", "result", "lost", "duplicated", "reordered", "late",
+        "worst_answer_s",
+    )  # fmt: skip
     line = {key: entry[key] for key in keys}
-    line |= {"orphans": len(entry["orphans"]), "leftovers": len(entry["leftovers"])}
+    line |= {key: len(entry[key]) for key in ("dead_owners", "orphans", "leftovers")}
     click.echo(json.dumps(line | {"seconds": entry["seconds"]}), err=True)
 
 
@@ -411,12 +415,16 @@ def _print_chaos(report: dict[str, Any]) -> None:
         "succeeded / rolled back / failed",
         f"{report['succeeded']} / {report['rolled_back']} / {report['failed']}",
     )
-    for name in ("lost", "duplicated", "reordered", "orphans", "leftovers"):
-        facts.add_row(name, str(report[name]))
+    for name in ("lost", "duplicated", "reordered", "late", "dead_owners", "orphans", "leftovers"):
+        facts.add_row(name.replace("_", " "), str(report[name]))
     facts.add_row(
-        "engine restarts / owner restarts",
-        f"{report['engine_restarts']} / {report['owner_restarts']}",
+        "worst answer / bound", f"{report['worst_answer_s']} s / {report['answer_bound_s']:g} s"
     )
+    facts.add_row(
+        "engine restarts / sources lost / replaced on their image",
+        f"{report['engine_restarts']} / {report['sources_lost']} / {report['replacements']}",
+    )
+    facts.add_row("owners killed after their migration, restarted", str(report["owner_restarts"]))
     facts.add_row("duration", f"{report['duration_s']} s")
     for name, target in report["targets"].items():
         facts.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))

@@ -30,13 +30,17 @@ from shadowpod.engine.failures import (
     CheckpointNeedsSameImage,
     CredentialsMissing,
     IncompatibleStateSchema,
-    InstanceFailed,
     MaxDurationExceeded,
     OwnershipChanged,
-    PhaseTimedOut,
+    SourceLost,
     StepFailed,
 )
-from shadowpod.engine.fence_checks import bumped_to_target, fence_found, lift_stale_fence
+from shadowpod.engine.fence_checks import (
+    bump_to,
+    bumped_to_target,
+    fence_found,
+    lift_stale_fence,
+)
 from shadowpod.engine.persona import persona_checked
 from shadowpod.engine.ports import (
     Checkpointer,
@@ -52,7 +56,7 @@ from shadowpod.engine.ports import (
     Unavailable,
     Validator,
 )
-from shadowpod.engine.record import FenceInfo, MigrationRecord, Phase
+from shadowpod.engine.record import FenceInfo, InstanceRef, MigrationRecord, Phase, SourceLoss
 from shadowpod.engine.restart import Restart
 from shadowpod.engine.steps import POLL_S, Clock, Steps
 from shadowpod.engine.validating import Validation
@@ -204,14 +208,41 @@ class MigrationEngine:
             await self.steps.alive(record.spec.source.name, "source")  # one that failed never will
             return None
 
-        watermark = await self.steps.wait(
-            stored,
-            timeout_s=record.spec.policy.phase_timeout_s,
-            what=f"a snapshot of {session!r} by the source at seq {requested} or later",
-            record=record,
-        )
+        try:
+            watermark = await self.steps.wait(
+                stored,
+                timeout_s=record.spec.policy.phase_timeout_s,
+                what=f"a snapshot of {session!r} by the source at seq {requested} or later",
+                record=record,
+            )
+        except SourceLost as exc:
+            return await self._without_snapshot(record, exc.loss)
         next_phase = Phase.STOPPING if record.spec.strategy == "restart" else Phase.RESTORING
         return self.steps.enter(record, next_phase, snapshot_watermark=watermark)
+
+    async def _without_snapshot(self, record: MigrationRecord, loss: SourceLoss) -> MigrationRecord:
+        """A source that died before its snapshot will never write it: the target starts
+        from the latest snapshot there is (or none) and the journal — the state is a
+        fold of the journal, a snapshot only a shortcut."""
+        latest = await self.control.latest_snapshot(record.spec.session)
+        note = (
+            f"the source {record.spec.source.name} died before its snapshot ({loss.how}); "
+            f"the target starts from the latest snapshot (at {latest}) and the journal"
+        )
+        logger.warning(
+            "migration %s: %s", record.spec.id, note, extra={"migration": record.spec.id}
+        )
+        if record.spec.strategy == "criu":  # nothing left to checkpoint
+            spec = record.spec.model_copy(update={"strategy": "shadow", "fallback": False})
+            record = record.model_copy(update={"spec": spec, "checkpoint": None})
+        next_phase = Phase.STOPPING if record.spec.strategy == "restart" else Phase.RESTORING
+        return self.steps.enter(
+            record,
+            next_phase,
+            snapshot_watermark=latest,
+            source_lost=loss.model_copy(update={"phase": record.phase}),
+            notes=[*record.notes, note],
+        )
 
     def _can_checkpoint(self, source: str, target: str) -> Checkpointer:
         if self.checkpointer is None:
@@ -233,6 +264,8 @@ class MigrationEngine:
             checkpointer = self._can_checkpoint(spec.source.image, spec.target.image)
             await self.steps.alive(spec.source.name, "source")
             taken = await checkpointer.checkpoint(spec.source.name, spec.target.name)
+        except SourceLost as exc:
+            return await self._without_snapshot(record, exc.loss)
         except CheckpointRestoreUnsupported as exc:
             if not spec.fallback:
                 raise
@@ -282,6 +315,44 @@ class MigrationEngine:
             await self.runtime.stop(spec.target.name, grace_s=spec.policy.drain_grace_s)
         if record.checkpoint is not None and self.checkpointer is not None:
             await self.checkpointer.discard(record.checkpoint)
+        loss = await self.steps.source_loss(record)
+        if loss is not None:
+            return await self._replace_source(record, loss)
+        return self.steps.enter(record, Phase.ROLLED_BACK)
+
+    async def _replace_source(self, record: MigrationRecord, loss: SourceLoss) -> MigrationRecord:
+        """A rollback whose source is dead: the session would be left with no one to
+        serve it. A new owner of the source's image — which reads the state, where the
+        target could not be shown to — takes the next epoch, from the latest snapshot
+        and the journal; the migration still ends ``RolledBack`` (the move to the target
+        did not happen), with ``replacement`` saying who serves."""
+        spec = record.spec
+        if record.replacement is None:
+            source_epoch = record.source_epoch
+            if source_epoch is None:  # rolled back from Preflight, before it was read
+                ownership = await self.control.ownership(spec.session)
+                if ownership.owner != spec.source.name:
+                    return self.steps.enter(record, Phase.ROLLED_BACK)  # not ours to replace
+                source_epoch = ownership.epoch
+            chosen = InstanceRef(name=f"{spec.target.name}-r", image=spec.source.image)
+            note = (
+                f"the source {spec.source.name} is dead ({loss.how}): a new owner "
+                f"{chosen.name} of {spec.source.image} replaces it"
+            )
+            logger.warning("migration %s: %s", spec.id, note, extra={"migration": spec.id})
+            record = record.model_copy(
+                update={
+                    "source_epoch": source_epoch,
+                    "source_lost": record.source_lost or loss,
+                    "replacement": chosen,
+                    "notes": [*record.notes, note],
+                }
+            )
+            await self.records.save(record)  # the name is chosen once, before it is used
+        replacement = record.replacement
+        assert replacement is not None
+        ownership = await bump_to(self.control, record, replacement.name)
+        record = await self.steps.serving(record, ownership.epoch, replacement)
         return self.steps.enter(record, Phase.ROLLED_BACK)
 
     # --- shadow strategy --------------------------------------------------------------
@@ -343,6 +414,13 @@ class MigrationEngine:
         validate = (spec.policy.validation is not None and record.validation is None) or (
             spec.policy.persona is not None and not persona_checked(record, "restore")
         )
+        if validate and record.source_lost is not None:
+            raise SourceLost(
+                f"the source {spec.source.name} is dead ({record.source_lost.how}): the "
+                "upgrade gate cannot compare the target with it, and an image it has not "
+                "passed does not take the session",
+                record.source_lost,
+            )
         return self.steps.enter(
             record,
             Phase.VALIDATING if validate else Phase.FENCING,
@@ -363,6 +441,11 @@ class MigrationEngine:
                 f"ownership of {spec.session!r} changed under the migration: epoch "
                 f"{ownership.epoch}, owner {ownership.owner!r}"
             )
+        if (loss := await self.steps.source_loss(record)) is not None:
+            return await self._take_over(record, loss)
+        # Never hand the epoch to a shadow that is gone: the source would stop serving
+        # for a new owner to be started from the snapshot; a rollback costs nothing.
+        await self.steps.alive(spec.target.name, "shadow")
         attempts = record.fence_attempts + 1
         try:
             outcome = await self.control.fence(
@@ -380,6 +463,12 @@ class MigrationEngine:
                 record, Phase.CATCHING_UP, fence_attempts=attempts, notes=[*record.notes, note]
             )
         except FenceTimedOut as exc:
+            # A source that never acks may be dead rather than busy: then there is
+            # nothing to wait for, and nobody to give the session back to.
+            if (loss := await self.steps.source_loss(record)) is not None:
+                return await self._take_over(
+                    record.model_copy(update={"fence_attempts": attempts}), loss
+                )
             if attempts >= policy.max_fence_attempts:
                 raise StepFailed(
                     f"the source stayed busy through {attempts} fence attempts: {exc}"
@@ -396,38 +485,45 @@ class MigrationEngine:
         )
         return self.steps.enter(record, Phase.COMMITTED, fence=fence, fence_attempts=attempts)
 
+    async def _take_over(self, record: MigrationRecord, loss: SourceLoss) -> MigrationRecord:
+        """The cutover from a dead source: no turn of its to wait for, no fence to hold
+        — the epoch is bumped to the shadow at once. A dead process cannot write, and
+        the bump refuses anything of its epoch anyway. The shadow, which has followed
+        the journal, sees the epoch marker naming it and is given every inbound entry
+        the source had not acked (a turn it died in is taken again: its outputs are
+        journaled with its ack, all or nothing)."""
+        spec = record.spec
+        if record.source_lost is None:
+            note = (
+                f"the source {spec.source.name} is dead ({loss.how}): the shadow takes "
+                "over with an epoch bump, no fence to wait for"
+            )
+            logger.warning("migration %s: %s", spec.id, note, extra={"migration": spec.id})
+            record = record.model_copy(
+                update={
+                    "source_lost": loss.model_copy(update={"phase": record.phase}),
+                    "notes": [*record.notes, note],
+                }
+            )
+            await self.records.save(record)  # the decision first: a resumed engine keeps it
+        await self.steps.alive(spec.target.name, "shadow")  # else the rollback replaces it
+        ownership = await bump_to(self.control, record, spec.target.name)
+        fence = FenceInfo(
+            epoch=ownership.epoch,
+            fence_seq=ownership.fence_seq or 0,
+            waited_ms=0.0,
+            attempts=record.fence_attempts,
+        )
+        return self.steps.enter(record, Phase.COMMITTED, fence=fence)
+
     async def _committed(self, record: MigrationRecord) -> MigrationRecord:
         """Wait for the new owner to be seen serving at the new epoch. One that crashed
         is restarted (the normal recovery path); one that failed or exited by itself
         fails the migration with its error."""
-        spec = record.spec
         assert record.fence is not None
-        epoch = record.fence.epoch
-        deadline = self.steps.clock() + spec.policy.phase_timeout_s
-        delays = self.steps.delays()
-        while True:
-            status = await self.runtime.status(spec.target.name)
-            if status.mode in ("failed", "stopped"):
-                how = status.error or f"it {status.mode}"
-                raise InstanceFailed(
-                    f"the new owner {spec.target.name!r} did not take over epoch {epoch}: {how}"
-                )
-            if status.alive and status.serving and status.epoch == epoch:
-                probed = await self.validation.promoted_persona(record)
-                return self.steps.enter(probed, Phase.DRAINING)
-            if not status.alive:
-                # The normal recovery path: a new instance from the latest snapshot.
-                await self.steps.start_owner(record, epoch)
-                note = f"new owner restarted at epoch {epoch}"
-                if status.left_behind:
-                    note += f"; killed what it left running: {', '.join(status.left_behind)}"
-                record = record.model_copy(
-                    update={"recoveries": record.recoveries + 1, "notes": [*record.notes, note]}
-                )
-                await self.records.save(record)
-            if self.steps.clock() > deadline:
-                raise PhaseTimedOut(f"the new owner did not take over epoch {epoch} in time")
-            await asyncio.sleep(next(delays))
+        record = await self.steps.serving(record, record.fence.epoch)
+        probed = await self.validation.promoted_persona(record)
+        return self.steps.enter(probed, Phase.DRAINING)
 
     async def _draining(self, record: MigrationRecord) -> MigrationRecord:
         spec, policy = record.spec, record.spec.policy
@@ -450,11 +546,19 @@ class MigrationEngine:
             pause = await self.control.fence_pause(spec.session)
             return None if pause.pending else pause
 
-        try:
-            measurement = await self.steps.wait(
-                measured, timeout_s=2.0, what="a fence pause measurement"
-            )
-            pause = measurement.ms
-        except StepFailed:
-            pause = None  # the held-back message was not served yet: nothing to report
-        return self.steps.enter(record, Phase.SUCCEEDED, fence_pause_ms=pause, notes=notes)
+        pause: float | None = None
+        if record.source_lost is None:  # a dead source's cutover held nothing back
+            try:
+                measurement = await self.steps.wait(
+                    measured, timeout_s=2.0, what="a fence pause measurement"
+                )
+                pause = measurement.ms
+            except StepFailed:
+                pass  # the held-back message was not served yet: nothing to report
+        # Seen serving once more: a new owner that crashed while the source drained is
+        # restarted here, not left for nobody to find.
+        assert record.fence is not None
+        record = await self.steps.serving(
+            record.model_copy(update={"notes": notes}), record.fence.epoch
+        )
+        return self.steps.enter(record, Phase.SUCCEEDED, fence_pause_ms=pause)

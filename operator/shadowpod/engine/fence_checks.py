@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.domain.ownership import FenceState, Ownership
-from shadowpod.engine.ports import SessionControl
+from shadowpod.engine.failures import OwnershipChanged
+from shadowpod.engine.ports import SessionControl, Unavailable
 from shadowpod.engine.record import FenceInfo, MigrationRecord
 
 
@@ -52,3 +53,32 @@ async def lift_stale_fence(control: SessionControl, record: MigrationRecord) -> 
             raise
         return ownership
     return await control.ownership(session)
+
+
+async def bump_to(control: SessionControl, record: MigrationRecord, owner: str) -> Ownership:
+    """The epoch moved from the source's to ``owner`` with a plain compare-and-set, no
+    fence: for a source that is dead, which has no turn to finish and can write nothing
+    (and the bump would refuse its writes anyway). Asked again after a lost answer or
+    a crash, it finds the bump made and returns it."""
+    session = record.spec.session
+    assert record.source_epoch is not None
+    epoch = record.source_epoch + 1
+    ownership = await control.ownership(session)
+    if ownership.epoch == epoch and ownership.owner == owner:
+        return ownership
+    if ownership.epoch != record.source_epoch:
+        raise OwnershipChanged(
+            f"ownership of {session!r} changed under the migration: epoch "
+            f"{ownership.epoch}, owner {ownership.owner!r}"
+        )
+    try:
+        return await control.set_owner(
+            session, expect_epoch=record.source_epoch, epoch=epoch, owner=owner
+        )
+    except Unavailable:
+        raise
+    except ShadowpodError:
+        ownership = await control.ownership(session)  # a retry after a lost answer
+        if ownership.epoch == epoch and ownership.owner == owner:
+            return ownership
+        raise

@@ -76,6 +76,11 @@ class InstanceStatus(BaseModel):
         description="Owner at ``epoch``, with its adoption of the session journaled there.",
     )
     error: str | None = None
+    reason: str | None = Field(
+        default=None,
+        description="Why it cannot run, when the runtime knows (``ImagePullFailed``,"
+        " ``NodeNotFound``): the migration's failure reason, rather than a timeout.",
+    )
     left_behind: list[str] = Field(
         default_factory=list,
         description="What the instance left running when it died, killed by the runtime.",

@@ -7,33 +7,15 @@ restarted engine continues from the saved record.
 from __future__ import annotations
 
 import time
-from enum import StrEnum
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+# Re-exported: the engine's users name the phases from here.
+from shadowpod.domain.phases import TERMINAL as TERMINAL
+from shadowpod.domain.phases import Phase as Phase
 from shadowpod.gates.persona import PersonaCheck, PersonaPolicy
 from shadowpod.gates.policy import GatePolicy
-
-
-class Phase(StrEnum):
-    PENDING = "Pending"
-    PREFLIGHT = "Preflight"
-    SNAPSHOTTING = "Snapshotting"
-    RESTORING = "Restoring"
-    CATCHING_UP = "CatchingUp"
-    # The upgrade gate (optional): the new version's answers judged before the fence.
-    VALIDATING = "Validating"
-    FENCING = "Fencing"
-    COMMITTED = "Committed"
-    DRAINING = "Draining"
-    SUCCEEDED = "Succeeded"
-    ROLLING_BACK = "RollingBack"
-    ROLLED_BACK = "RolledBack"
-    FAILED = "Failed"
-    # The restart baseline stops the source before it starts the target.
-    STOPPING = "Stopping"
-
 
 # The phases a shadow migration that succeeds goes through, in order (after Pending).
 SHADOW_PHASES: Final = (
@@ -45,7 +27,6 @@ SHADOW_PHASES: Final = (
     Phase.COMMITTED,
     Phase.DRAINING,
 )
-TERMINAL: Final = frozenset({Phase.SUCCEEDED, Phase.ROLLED_BACK, Phase.FAILED})
 # Phases after which the new epoch may exist: from here on there is no rolling back.
 COMMITTED_PHASES: Final = frozenset({Phase.COMMITTED, Phase.DRAINING, Phase.SUCCEEDED})
 
@@ -159,6 +140,17 @@ class FenceInfo(BaseModel):
     attempts: int
 
 
+class SourceLoss(BaseModel):
+    """The source seen dead before the epoch bump: the decision to finish forward,
+    recorded before anything acts on it, so that a resumed engine keeps it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    phase: Phase = Field(description="The phase in which the engine saw it.")
+    seen: float = Field(description="When (the engine's clock).")
+    how: str = Field(description="What its runtime said of its end.")
+
+
 class MigrationRecord(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -188,6 +180,16 @@ class MigrationRecord(BaseModel):
     golden_validations: list[ValidationSummary] = Field(default_factory=list)
     persona_checks: list[PersonaCheck] = Field(default_factory=list)
     recoveries: int = 0
+    source_lost: SourceLoss | None = Field(
+        default=None,
+        description="The source died before the epoch bump: the shadow takes over, or the"
+        " rollback starts a new owner of the source's image (``replacement``).",
+    )
+    replacement: InstanceRef | None = Field(
+        default=None,
+        description="The new owner, of the source's image, that a rollback started in"
+        " place of a dead source: chosen (and saved) before it is started.",
+    )
     failed_phase: Phase | None = None
     reason: str | None = Field(
         default=None, description="Why it failed or rolled back: one CamelCase word."

@@ -13,9 +13,11 @@ from typing import Any, Final, TypeVar
 from shadowpod.domain.errors import SchemaTooNew, ShadowpodError
 from shadowpod.engine.failures import (
     IncompatibleStateSchema,
+    InstanceCannotStart,
     InstanceFailed,
     MaxDurationExceeded,
     PhaseTimedOut,
+    SourceLost,
 )
 from shadowpod.engine.ports import (
     InstanceSpec,
@@ -24,7 +26,13 @@ from shadowpod.engine.ports import (
     Runtime,
     SessionControl,
 )
-from shadowpod.engine.record import COMMITTED_PHASES, MigrationRecord, Phase
+from shadowpod.engine.record import (
+    COMMITTED_PHASES,
+    InstanceRef,
+    MigrationRecord,
+    Phase,
+    SourceLoss,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -33,6 +41,19 @@ POLL_S: Final = 0.01
 # asked a hundred times, while one that takes milliseconds is seen at once.
 MAX_POLL_S: Final = 0.05
 Clock = Callable[[], float]
+# How an instance that is gone for good reports: a runtime that never started it
+# ("unknown") cannot say it is dead, so that one is not taken for dead.
+ENDED: Final = frozenset({"crashed", "failed", "stopped"})
+
+
+def dead(status: InstanceStatus) -> bool:
+    """Gone for good, or up but failed for good (an owner whose writes are refused):
+    either way it will never ack a turn again. A slow instance is alive."""
+    return (not status.alive and status.mode in ENDED) or status.mode == "failed"
+
+
+def how_it_ended(status: InstanceStatus) -> str:
+    return status.error or ("it failed" if status.alive else f"it {status.mode}")
 
 
 class Steps:
@@ -71,10 +92,22 @@ class Steps:
             message,
             extra={"migration": record.spec.id},
         )
-        failed = {"failed_phase": record.phase, "reason": reason, "error": message}
+        failed: dict[str, Any] = {
+            "failed_phase": record.phase,
+            "reason": reason,
+            "error": message,
+        }
+        if isinstance(exc, SourceLost) and record.source_lost is None:
+            failed["source_lost"] = exc.loss.model_copy(update={"phase": record.phase})
         if record.phase in (Phase.ROLLING_BACK,) or record.phase in COMMITTED_PHASES:
             return self.enter(record, Phase.FAILED, **failed)
-        if record.spec.policy.rollback_on_failure:
+        # A dead source is never left owning the session: the rollback replaces it,
+        # even where the policy would keep a failed migration as it is.
+        if (
+            record.spec.policy.rollback_on_failure
+            or "source_lost" in failed
+            or (record.source_lost is not None)
+        ):
             return self.enter(record, Phase.ROLLING_BACK, **failed)
         return self.enter(record, Phase.FAILED, **failed)
 
@@ -109,22 +142,74 @@ class Steps:
             yield delay
             delay = min(delay * 1.5, max(self.poll_s, slowest))
 
-    async def start_owner(self, record: MigrationRecord, epoch: int) -> None:
-        """Start the target as the session's owner at ``epoch``, from the latest snapshot
-        (the restart strategy's new owner; a promoted shadow that crashed)."""
+    async def start_owner(
+        self, record: MigrationRecord, epoch: int, instance: InstanceRef | None = None
+    ) -> None:
+        """Start ``instance`` (the target unless given) as the session's owner at
+        ``epoch``, from the latest snapshot and the journal (the restart strategy's new
+        owner; a promoted shadow that crashed; a dead source's replacement)."""
         spec = record.spec
+        instance = instance or spec.target
         await self.runtime.start(
             InstanceSpec(
-                name=spec.target.name,
-                image=spec.target.image,
+                name=instance.name,
+                image=instance.image,
                 session=spec.session,
                 mode="owner",
                 epoch=epoch,
             )
         )
 
+    async def serving(
+        self, record: MigrationRecord, epoch: int, instance: InstanceRef | None = None
+    ) -> MigrationRecord:
+        """Until ``instance`` (the target unless given) is seen serving at ``epoch``.
+        One that crashed is started again (the normal recovery path: the latest
+        snapshot and the journal); one that failed or exited by itself fails the step
+        with its error. ``record`` with the restarts counted and noted."""
+        instance = instance or record.spec.target
+        deadline = self.clock() + record.spec.policy.phase_timeout_s
+        delays = self.delays()
+        while True:
+            status = await self.runtime.status(instance.name)
+            if status.mode in ("failed", "stopped"):
+                how = status.error or f"it {status.mode}"
+                said = f"the new owner {instance.name!r} did not take over epoch {epoch}: {how}"
+                if status.reason is not None:
+                    raise InstanceCannotStart(said, status.reason)
+                raise InstanceFailed(said)
+            if status.alive and status.serving and status.epoch == epoch:
+                return record
+            if not status.alive:
+                await self.start_owner(record, epoch, instance)
+                note = f"new owner {instance.name} restarted at epoch {epoch}"
+                if status.left_behind:
+                    note += f"; killed what it left running: {', '.join(status.left_behind)}"
+                record = record.model_copy(
+                    update={"recoveries": record.recoveries + 1, "notes": [*record.notes, note]}
+                )
+                await self.records.save(record)
+            if self.clock() > deadline:
+                raise PhaseTimedOut(
+                    f"the new owner {instance.name!r} did not take over epoch {epoch} in time"
+                )
+            await asyncio.sleep(next(delays))
+
+    async def source_loss(self, record: MigrationRecord) -> SourceLoss | None:
+        """The source's end, if it is dead (see ``dead``); ``None`` while it lives —
+        however slow it is."""
+        if record.source_lost is not None:
+            return record.source_lost
+        status = await self.runtime.status(record.spec.source.name)
+        if not dead(status):
+            return None
+        return SourceLoss(phase=record.phase, seen=self.clock(), how=how_it_ended(status))
+
     async def alive(self, name: str, role: str) -> InstanceStatus:
         status = await self.runtime.status(name)
+        if role == "source" and dead(status):
+            loss = SourceLoss(phase=Phase.PENDING, seen=self.clock(), how=how_it_ended(status))
+            raise SourceLost(f"the source instance {name!r} is dead: {loss.how}", loss)
         detail = f": {status.error}" if status.error else ""
         if not status.alive or status.mode == "failed":
             how = "is not running" if not status.alive else "failed"
@@ -134,5 +219,7 @@ class Steps:
             # how preflight's check is made.
             if status.error is not None and SchemaTooNew.reason in status.error:
                 raise IncompatibleStateSchema(message)
+            if status.reason is not None:
+                raise InstanceCannotStart(message, status.reason)
             raise InstanceFailed(message)
         return status

@@ -54,12 +54,3 @@ class Normaliser:
         if isinstance(value, dict):
             return {key: self.value(item) for key, item in value.items()}
         return value
-
-    def with_patterns(self, patterns: Sequence[str]) -> Normaliser:
-        extra = [p for p in patterns if p not in self.patterns]
-        if not extra:
-            return self
-        joined = Normaliser(builtin=False)
-        joined.patterns = [*self.patterns, *extra]
-        joined._compiled = compile_patterns(joined.patterns)
-        return joined

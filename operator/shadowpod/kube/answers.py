@@ -151,7 +151,7 @@ def manifest(migration: dict[str, Any], answers: Answers) -> dict[str, Any]:
             "namespace": meta["namespace"],
             "labels": {
                 names.SESSION_LABEL: answers.session,
-                names.MIGRATION_LABEL: meta["name"],
+                names.MIGRATION_LABEL: names.label_value(meta["name"]),
                 names.MANAGED_BY_LABEL: names.MANAGED_BY,
             },
             "ownerReferences": [

@@ -11,7 +11,6 @@ never hangs on the gateway.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -24,11 +23,9 @@ from shadowpod.kube import names
 from shadowpod.kube.api import namespaced
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.v1alpha1 import JournalRetention
-from shadowpod.kube.sessions import gateway_id, migrations_of, session_model
+from shadowpod.kube.sessions import gateway_id, migrations_of, reconcile_and_patch, session_model
 
 RETRY_DELAY_S = 2.0
-
-Poke = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 async def delete_session(ctx: OperatorContext, body: dict[str, Any], *, attempt: int) -> None:
@@ -79,7 +76,7 @@ async def delete_session(ctx: OperatorContext, body: dict[str, Any], *, attempt:
         )
 
 
-async def reconcile_sessions_on(ctx: OperatorContext, node: str, poke: Poke) -> None:
+async def reconcile_sessions_on(ctx: OperatorContext, node: str) -> None:
     """Reconcile every session whose owner runs on ``node`` (it moves them off)."""
     for namespace in ctx.config.namespaces or (None,):
         path = (
@@ -90,6 +87,6 @@ async def reconcile_sessions_on(ctx: OperatorContext, node: str, poke: Poke) -> 
         for body in await ctx.api.list(path):
             if (body.get("status") or {}).get("nodeName") == node:
                 try:
-                    await poke(body)
+                    await reconcile_and_patch(ctx, body)
                 except ShadowpodError:
                     continue

@@ -25,11 +25,6 @@ def find(conditions: Sequence[C], kind: str) -> C | None:
     return next((c for c in conditions if c.type == kind), None)
 
 
-def is_true(conditions: Sequence[C], kind: str) -> bool:
-    found = find(conditions, kind)
-    return found is not None and found.status == "True"
-
-
 def set_condition(
     conditions: Sequence[C],
     model: type[C],

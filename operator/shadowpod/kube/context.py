@@ -18,11 +18,14 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import aiohttp
+from pydantic import ValidationError
 
 from shadowpod.client.control import GatewayControl
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
+from shadowpod.engine.ports import ImageInfo
 from shadowpod.kube.api import KubeApi, namespaced
+from shadowpod.kube.backoff import FailureBackoff
 from shadowpod.kube.config import OperatorConfig
 from shadowpod.kube.metrics import OperatorMetrics
 
@@ -32,6 +35,19 @@ EventType = Literal["Normal", "Warning"]
 COMPONENT = "shadowpod-operator"
 # Which operator process reported an event: its pod's name in a cluster.
 REPORTING_INSTANCE = socket.gethostname()[:128] or COMPONENT
+
+
+def backoff_key(kind: str, body: Mapping[str, Any]) -> tuple[str, str, str]:
+    """The object a failure is counted against, for ``OperatorContext.backoff``."""
+    return (kind, body["metadata"]["namespace"], body["metadata"]["name"])
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A failed reconcile, as said on the object: why, and when it is tried again."""
+
+    reason: str
+    retry_s: float
 
 
 @dataclass
@@ -46,7 +62,15 @@ class OperatorContext:
     unready_owners: set[tuple[str, str]] = field(default_factory=set)
     # The problem last said (as a Warning event) of each session, "namespace/name".
     problems_said: dict[str, str] = field(default_factory=dict)
+    # What each image reported when its pods ran, shared by every session's runtime
+    # (and gone with this operator).
+    known_images: dict[str, ImageInfo] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    # When each object whose reconcile failed may be tried again.
+    backoff: FailureBackoff = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.backoff = FailureBackoff(first_s=self.config.reconcile_interval_s)
 
     def lock(self, key: str) -> asyncio.Lock:
         """One holder at a time for ``key`` (a session, a migration) in this operator."""
@@ -67,6 +91,22 @@ class OperatorContext:
             count = sum(1 for p in self.session_phases.values() if p == known)
             self.metrics.sessions.labels(phase=known).set(count)
         self.metrics.sessions_without_owner.set(len(self.unready_owners))
+
+    async def reconcile_failed(
+        self, body: Mapping[str, Any], kind: str, exc: ShadowpodError | ValidationError
+    ) -> Failure:
+        """A reconcile of ``body`` that failed, said (logged, counted, a Warning event)
+        and backed off: the object is tried again after a wait that doubles with each
+        failure (``backoff``), or at once when its spec changes."""
+        # A spec the API server admitted but the operator's models refuse: a CRD older
+        # than the operator, say.
+        reason = "InvalidSpec" if isinstance(exc, ValidationError) else exc.reason
+        meta = body["metadata"]
+        delay = self.backoff.failed(backoff_key(kind, body), meta.get("generation"))
+        logger.warning("%s %s/%s: %s: %s", kind, meta["namespace"], meta["name"], reason, exc)
+        self.metrics.reconcile_errors.labels(kind=kind, reason=reason).inc()
+        await self.event(body, "Warning", reason, f"{exc}; trying again in {delay:g} s")
+        return Failure(reason, delay)
 
     async def event(
         self, obj: Mapping[str, Any], kind: EventType, reason: str, message: str

@@ -1,5 +1,8 @@
-"""Every Kopf handler of the operator, and its settings: each a few lines, body →
-model → call → status (the reconciling is in ``sessions``, ``migrations``, ``cleanup``).
+"""Every Kopf handler of the operator, and its settings: module-level functions, each
+a few lines that call the reconcilers (``sessions``, ``migrations``, ``cleanup``),
+registered by ``registry`` on a registry of their own. What the operator holds (its
+API client, the gateway's, settings, metrics) is in Kopf's memo, an ``OperatorMemo``
+given to ``kopf.operator`` and filled by the startup handler.
 
 - AgentSession: reconciled on create, on resume, on a spec change and every
   ``reconcile_interval_s`` (level-triggered: an owner pod that died, a cordoned node,
@@ -7,10 +10,14 @@ model → call → status (the reconciling is in ``sessions``, ``migrations``, `
 - AgentMigration: a daemon per unfinished migration runs the engine; deleting it
   cancels it (Kopf stops the daemon, which rolls back before releasing).
 - Node: a cordon is seen at once, and the sessions on it are reconciled.
+- Pod: an owner pod that became ready, stopped being ready or went: its session is
+  reconciled at once.
 
-Errors never crash-loop: a reconcile that fails sets ``Degraded`` with the reason,
+Errors never crash-loop: a session pass that fails sets ``Degraded`` with the reason,
 posts a Warning event, counts in ``shadowpod_reconcile_errors_total``, and is tried
-again on the next pass.
+again after a wait that doubles with each failure of that object (``backoff``); a
+migration daemon that fails says so the same way and raises ``kopf.TemporaryError``
+with that object's wait, so that Kopf runs it again then.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import contextlib
 import logging
 from collections.abc import Coroutine
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import aiohttp
@@ -33,7 +41,7 @@ from shadowpod.domain.errors import ShadowpodError
 from shadowpod.kube import cleanup, migrations, names, sessions
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.config import OperatorConfig
-from shadowpod.kube.context import OperatorContext
+from shadowpod.kube.context import OperatorContext, backoff_key
 from shadowpod.kube.metrics import OperatorMetrics
 from shadowpod.kube.models.v1alpha1 import GROUP, VERSION
 
@@ -101,149 +109,131 @@ async def connection_info(kubeconfig: str | None) -> kopf.ConnectionInfo:
     )
 
 
-def registry(
-    config: OperatorConfig, metrics: OperatorMetrics | None = None
-) -> kopf.OperatorRegistry:
-    """The operator's handlers, in a registry of their own (tests run several)."""
+@dataclass
+class OperatorMemo:
+    """The operator's own state, in Kopf's memo (``kopf.operator(memo=...)``): what it
+    is given, and what its startup opens. Kopf hands every resource handler a shallow
+    copy, so all of them share the one ``context``."""
+
+    config: OperatorConfig
+    metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
+    resources: AsyncExitStack = field(default_factory=AsyncExitStack)
+    started: OperatorContext | None = None
+
+    @property
+    def context(self) -> OperatorContext:
+        if self.started is None:
+            raise RuntimeError("the operator's startup handler has not run")
+        return self.started
+
+
+def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
+    """The operator's handlers, in a registry of their own (tests run several); run it
+    with ``memo=OperatorMemo(config, metrics)``."""
     reg = kopf.OperatorRegistry()
-    metrics = metrics or OperatorMetrics()
-    holder: dict[str, OperatorContext] = {}
-    stack = AsyncExitStack()
-
-    def ctx() -> OperatorContext:
-        return holder["ctx"]
-
-    def lock(namespace: str, name: str) -> asyncio.Lock:
-        return ctx().lock(f"session/{namespace}/{name}")
-
-    kubeconfig = None if config.kubeconfig is None else str(config.kubeconfig)
-
-    @kopf.on.login(registry=reg)
-    async def login(**_: Any) -> kopf.ConnectionInfo:
-        return await connection_info(kubeconfig)
-
-    @kopf.on.startup(registry=reg)
-    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure(settings)
-        api = await stack.enter_async_context(await api_client(kubeconfig))
-        http = await stack.enter_async_context(aiohttp.ClientSession())
-        admin = await stack.enter_async_context(
-            GatewayClient(config.gateway_url, config.control_token)
-        )
-        holder["ctx"] = OperatorContext(KubeApi(api), admin, http, config, metrics)
-
-    @kopf.on.cleanup(registry=reg)
-    async def shutdown(**_: Any) -> None:
-        await stack.aclose()
-
-    async def reconcile_session(body: kopf.Body, patch: kopf.Patch) -> None:
-        raw: dict[str, Any] = dict(body)
-        meta = raw["metadata"]
-        key = (meta["namespace"], meta["name"])
-        if meta.get("deletionTimestamp"):
-            return
-        async with lock(*key):
-            try:
-                seen = await sessions.reconcile(ctx(), raw)
-            except (ShadowpodError, ValidationError) as exc:
-                await _failed(ctx(), raw, "AgentSession", exc, patch)
-                return
-            patch.status.update(sessions.status_patch(raw, seen))
-            ctx().count_session(key, seen.phase, ready=seen.ready)
-
-    @kopf.on.resume(*SESSIONS, registry=reg)
-    @kopf.on.create(*SESSIONS, registry=reg)
-    @kopf.on.update(*SESSIONS, field="spec", registry=reg)
-    async def session_changed(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
-        await reconcile_session(body, patch)
-
-    @kopf.timer(*SESSIONS, interval=config.reconcile_interval_s, registry=reg)
-    async def session_timer(body: kopf.Body, patch: kopf.Patch, **kwargs: Any) -> None:
-        # Kopf passes timers their `stopped` too (TimerFn's type does not declare it).
-        await _unless_stopped(reconcile_session(body, patch), kwargs["stopped"])
-
-    @kopf.on.delete(*SESSIONS, registry=reg)
-    async def session_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
-        raw: dict[str, Any] = dict(body)
-        meta = raw["metadata"]
-        async with lock(meta["namespace"], meta["name"]):
-            await cleanup.delete_session(ctx(), raw, attempt=retry)
-        ctx().count_session((meta["namespace"], meta["name"]), None, ready=True)
-
-    @kopf.daemon(
+    kopf.on.login(registry=reg)(login)
+    kopf.on.startup(registry=reg)(startup)
+    kopf.on.cleanup(registry=reg)(shutdown)
+    kopf.on.resume(*SESSIONS, registry=reg)(session_changed)
+    kopf.on.create(*SESSIONS, registry=reg)(session_changed)
+    kopf.on.update(*SESSIONS, field="spec", registry=reg)(session_changed)
+    kopf.timer(*SESSIONS, interval=config.reconcile_interval_s, registry=reg)(session_timer)
+    kopf.on.delete(*SESSIONS, registry=reg)(session_deleted)
+    kopf.daemon(
         *MIGRATIONS,
         cancellation_backoff=CANCELLATION_BACKOFF_S,
         cancellation_timeout=30.0,
         registry=reg,
+    )(migration_daemon)
+    kopf.on.delete(*MIGRATIONS, registry=reg)(migration_deleted)
+    kopf.on.field("", "v1", "nodes", field="spec.unschedulable", registry=reg)(node_cordoned)
+    kopf.on.event("", "v1", "pods", labels={names.SESSION_LABEL: kopf.PRESENT}, registry=reg)(
+        pod_changed
     )
-    async def migration_daemon(body: kopf.Body, stopped: kopf.DaemonStopped, **_: Any) -> None:
-        raw: dict[str, Any] = dict(body)
-        while not stopped:
-            try:
-                await migrations.run(ctx(), raw, stopped)
-            except (ShadowpodError, ValidationError) as exc:
-                await _failed(ctx(), raw, "AgentMigration", exc, None)
-                await stopped.wait(5.0)
-                continue
-            # Its session is looked at now: an image change queued behind this
-            # migration starts at once, not at the session's next timer.
-            meta = raw["metadata"]
-            ref = (raw.get("spec") or {}).get("sessionRef") or {}
-            if not stopped and ref.get("name"):
-                session = await ctx().api.get(
-                    namespaced("agentsessions", meta["namespace"], ref["name"])
-                )
-                if session is not None:
-                    await _poke(session)
-            return
-
-    @kopf.on.delete(*MIGRATIONS, registry=reg)
-    async def migration_deleted(body: kopf.Body, **_: Any) -> None:
-        """A cancel: rolled back (or finished, past the cutover) before the finalizer goes."""
-        await migrations.cancel(ctx(), dict(body))
-
-    @kopf.on.field("", "v1", "nodes", field="spec.unschedulable", registry=reg)
-    async def node_cordoned(name: str, new: Any, **_: Any) -> None:
-        if not new:
-            return
-        logger.info("node %s is cordoned: its sessions move off it", name, extra={"node": name})
-        await cleanup.reconcile_sessions_on(ctx(), name, _poke)
-
-    @kopf.on.event("", "v1", "pods", labels={names.SESSION_LABEL: kopf.PRESENT}, registry=reg)
-    async def pod_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
-        """An owner pod that became ready, stopped being ready or went: its session is
-        looked at now, not at its next timer."""
-        labels = body.get("metadata", {}).get("labels", {})
-        if labels.get(names.ROLE_LABEL) != names.OWNER_ROLE or type is None:
-            return
-        namespace = body["metadata"]["namespace"]
-        session = await ctx().api.get(
-            namespaced("agentsessions", namespace, labels[names.SESSION_LABEL])
-        )
-        if session is None:
-            return
-        status = session.get("status") or {}
-        ready = sessions.pod_ready(dict(body)) and type != "DELETED"
-        was_ready = status.get("phase") == "Running"
-        if ready != was_ready or status.get("ownerPod") != body["metadata"]["name"]:
-            await _poke(session)
-
-    async def _poke(body: dict[str, Any]) -> None:
-        meta = body["metadata"]
-        if meta.get("deletionTimestamp"):
-            return
-        key = (meta["namespace"], meta["name"])
-        async with lock(*key):
-            try:
-                seen = await sessions.reconcile(ctx(), body)
-            except (ShadowpodError, ValidationError) as exc:
-                await _failed(ctx(), body, "AgentSession", exc, None)
-                return
-            path = namespaced("agentsessions", key[0], key[1])
-            await ctx().api.patch(f"{path}/status", {"status": sessions.status_patch(body, seen)})
-            ctx().count_session(key, seen.phase, ready=seen.ready)
-
     return reg
+
+
+async def login(memo: OperatorMemo, **_: Any) -> kopf.ConnectionInfo:
+    kubeconfig = memo.config.kubeconfig
+    return await connection_info(None if kubeconfig is None else str(kubeconfig))
+
+
+async def startup(memo: OperatorMemo, settings: kopf.OperatorSettings, **_: Any) -> None:
+    configure(settings)
+    config = memo.config
+    kubeconfig = None if config.kubeconfig is None else str(config.kubeconfig)
+    api = await memo.resources.enter_async_context(await api_client(kubeconfig))
+    http = await memo.resources.enter_async_context(aiohttp.ClientSession())
+    admin = await memo.resources.enter_async_context(
+        GatewayClient(config.gateway_url, config.control_token)
+    )
+    memo.started = OperatorContext(KubeApi(api), admin, http, config, memo.metrics)
+
+
+async def shutdown(memo: OperatorMemo, **_: Any) -> None:
+    await memo.resources.aclose()
+
+
+async def session_changed(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    await sessions.reconcile_and_patch(memo.context, dict(body))
+
+
+async def session_timer(body: kopf.Body, memo: OperatorMemo, **kwargs: Any) -> None:
+    # Kopf passes timers their `stopped` too (TimerFn's type does not declare it).
+    pass_ = sessions.reconcile_and_patch(memo.context, dict(body))
+    await _unless_stopped(pass_, kwargs["stopped"])
+
+
+async def session_deleted(body: kopf.Body, retry: int, memo: OperatorMemo, **_: Any) -> None:
+    raw: dict[str, Any] = dict(body)
+    namespace, name = raw["metadata"]["namespace"], raw["metadata"]["name"]
+    async with sessions.lock(memo.context, namespace, name):
+        await cleanup.delete_session(memo.context, raw, attempt=retry)
+    memo.context.backoff.succeeded(backoff_key("AgentSession", raw))
+    memo.context.count_session((namespace, name), None, ready=True)
+
+
+async def migration_daemon(
+    body: kopf.Body, stopped: kopf.DaemonStopped, memo: OperatorMemo, **_: Any
+) -> None:
+    raw: dict[str, Any] = dict(body)
+    ctx = memo.context
+    try:
+        await migrations.run(ctx, raw, stopped)
+    except (ShadowpodError, ValidationError) as exc:
+        failure = await ctx.reconcile_failed(raw, "AgentMigration", exc)
+        raise kopf.TemporaryError(f"{failure.reason}: {exc}", delay=failure.retry_s) from exc
+    ctx.backoff.succeeded(backoff_key("AgentMigration", raw))
+
+
+async def migration_deleted(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    """A cancel: rolled back (or finished, past the cutover) before the finalizer goes."""
+    await migrations.cancel(memo.context, dict(body))
+
+
+async def node_cordoned(name: str, new: Any, memo: OperatorMemo, **_: Any) -> None:
+    if not new:
+        return
+    logger.info("node %s is cordoned: its sessions move off it", name, extra={"node": name})
+    await cleanup.reconcile_sessions_on(memo.context, name)
+
+
+async def pod_changed(body: kopf.Body, type: str | None, memo: OperatorMemo, **_: Any) -> None:
+    """An owner pod that became ready, stopped being ready or went: its session is
+    looked at now, not at its next timer."""
+    labels = body.get("metadata", {}).get("labels", {})
+    if labels.get(names.ROLE_LABEL) != names.OWNER_ROLE or type is None:
+        return
+    namespace = body["metadata"]["namespace"]
+    ctx = memo.context
+    session = await ctx.api.get(namespaced("agentsessions", namespace, labels[names.SESSION_LABEL]))
+    if session is None:
+        return
+    status = session.get("status") or {}
+    ready = sessions.pod_ready(dict(body)) and type != "DELETED"
+    was_ready = status.get("phase") == "Running"
+    if ready != was_ready or status.get("ownerPod") != body["metadata"]["name"]:
+        await sessions.reconcile_and_patch(ctx, session)
 
 
 async def _unless_stopped(work: Coroutine[Any, Any, None], stopped: kopf.DaemonStopped) -> None:
@@ -276,35 +266,3 @@ async def _unless_stopped(work: Coroutine[Any, Any, None], stopped: kopf.DaemonS
             await task
     if not task.cancelled() and (error := task.result()) is not None:
         raise error
-
-
-async def _failed(
-    ctx: OperatorContext,
-    body: dict[str, Any],
-    kind: str,
-    exc: ShadowpodError | ValidationError,
-    patch: kopf.Patch | None,
-) -> None:
-    # A spec the API server admitted but the operator's models refuse: a CRD older
-    # than the operator, say. Said on the object; the next pass tries again.
-    reason = "InvalidSpec" if isinstance(exc, ValidationError) else exc.reason
-    logger.warning(
-        "%s %s/%s: %s: %s",
-        kind,
-        body["metadata"]["namespace"],
-        body["metadata"]["name"],
-        reason,
-        exc,
-    )
-    ctx.metrics.reconcile_errors.labels(kind=kind, reason=reason).inc()
-    await ctx.event(body, "Warning", reason, f"{exc}; trying again")
-    if patch is not None:
-        seen = sessions.Observed(
-            phase=(body.get("status") or {}).get("phase", "Pending"),
-            epoch=(body.get("status") or {}).get("epoch"),
-            owner=(body.get("status") or {}).get("ownerPod"),
-            image=(body.get("status") or {}).get("image"),
-            active=(body.get("status") or {}).get("activeMigration"),
-            degraded=sessions.Problem(reason, f"{exc}; the operator tries again"),
-        )
-        patch.status.update(sessions.status_patch(body, seen))

@@ -92,7 +92,7 @@ def agent_pod(
         names.ROLE_LABEL: names.OWNER_ROLE if mode == "owner" else names.SHADOW_ROLE,
     }
     if migration is not None:
-        labels[names.MIGRATION_LABEL] = migration
+        labels[names.MIGRATION_LABEL] = names.label_value(migration)
     annotations = {names.GATEWAY_SESSION_ANNOTATION: gateway_session}
     if spec.identity is not None:
         annotations[AGENT_NAME_ANNOTATION] = spec.identity.name

@@ -8,9 +8,12 @@
   let go): before the epoch bump, the engine rolls back (the fence lifted, the shadow
   pod removed, the source untouched); after the bump there is no way back, and the
   migration finishes.
-- When it ends, the session is told: on success the new owner pod is labelled as
-  the owner (the PodDisruptionBudget covers it) and the old pod is deleted; on
-  failure the session stays on its old pod with a ``Degraded`` condition.
+- When it ends, on success the new owner pod is labelled as the owner (the
+  PodDisruptionBudget covers it) and the old pod is deleted; on failure the session
+  stays on its old pod with a ``Degraded`` condition.
+- The session is reconciled when the migration starts and when it ends (its status
+  says so, and an image change queued behind this migration starts at once); its
+  status is the session reconciler's to write, never this module's.
 """
 
 from __future__ import annotations
@@ -38,13 +41,14 @@ from shadowpod.kube.comparisons import ClusterValidator, warm_semantic_judge
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
 from shadowpod.kube.models.v1alpha1 import AgentMigration, AgentSession, MigrationCondition
-from shadowpod.kube.records import RESULTS, MigrationRecords, seconds_time, timestamp
+from shadowpod.kube.records import MigrationRecords, timestamp
 from shadowpod.kube.runtime import PodRuntime
 from shadowpod.kube.sessions import (
     container_image,
     gateway_call,
     gateway_id,
     migrations_of,
+    reconcile_named,
     session_model,
     unfinished,
 )
@@ -74,9 +78,17 @@ def engine_policy(
 
 
 async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
-    """Drive the AgentMigration ``body`` to its end (the daemon's whole work). Stopped
-    (the operator exiting, the migration deleted), it leaves the record where it is:
-    a restarted operator resumes it, and ``cancel`` rolls a deleted one back."""
+    """Drive the AgentMigration ``body`` to its end (the daemon's whole work), then
+    reconcile its session. Stopped (the operator exiting, the migration deleted), it
+    leaves the record where it is: a restarted operator resumes it, and ``cancel``
+    rolls a deleted one back."""
+    await _run(ctx, body, stopped)
+    session = ((body.get("spec") or {}).get("sessionRef") or {}).get("name")
+    if not stopped and session:
+        await reconcile_named(ctx, body["metadata"]["namespace"], session)
+
+
+async def _run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
     meta = body["metadata"]
     # Fresh: after a failed attempt, the record saved since is in the API, not in ``body``.
     body = await ctx.api.get(namespaced("agentmigrations", meta["namespace"], meta["name"])) or body
@@ -86,11 +98,16 @@ async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
     namespace = migration.metadata.namespace or "default"
     name = migration.metadata.name or ""
     session_name = migration.spec.session_ref.name
+    session_body = await ctx.api.get(namespaced("agentsessions", namespace, session_name))
     labels = body["metadata"].get("labels") or {}
     if labels.get(names.SESSION_LABEL) != session_name:  # made by hand: found by its label
         path = namespaced("agentmigrations", namespace, name)
-        await ctx.api.patch(path, {"metadata": {"labels": {names.SESSION_LABEL: session_name}}})
-    session_body = await ctx.api.get(namespaced("agentsessions", namespace, session_name))
+        generation = str((session_body or {}).get("metadata", {}).get("generation", ""))
+        meta_patch = {
+            "labels": {names.SESSION_LABEL: session_name},
+            "annotations": {names.SESSION_GENERATION_ANNOTATION: generation},
+        }
+        body = await ctx.api.patch(path, {"metadata": meta_patch}) or body
     records = MigrationRecords(ctx, dict(body), session_body or dict(body))
     if session_body is None:
         if records.stored() is None:
@@ -119,7 +136,7 @@ async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
             return
         else:
             record = record.model_copy(update={"recoveries": record.recoveries + 1})
-        await _mark_active(ctx, session, name)
+        await reconcile_named(ctx, namespace, session_name)  # now it says Migrating
         engine = await _engine(ctx, session, migration, records, record)
         task = asyncio.create_task(_run_engine(engine, record))
         stop_waiter = asyncio.ensure_future(stopped.wait())
@@ -163,6 +180,9 @@ async def cancel(ctx: OperatorContext, body: dict[str, Any]) -> None:
         engine = await _engine(ctx, session, migration, records, record)
         record = await _run_engine(engine, record)
         await _finish(ctx, session, records, record)
+    # While the migration is still there to be listed (its finalizer holds it): the
+    # session's lastMigration says how it ended.
+    await reconcile_named(ctx, namespace, session_name)
 
 
 async def _engine(
@@ -215,15 +235,6 @@ async def _run_engine(engine: MigrationEngine, record: MigrationRecord) -> Migra
     finally:
         if isinstance(engine.validator, ClusterValidator):
             await engine.validator.close()
-
-
-async def _mark_active(ctx: OperatorContext, session: AgentSession, migration: str) -> None:
-    path = namespaced(
-        "agentsessions", session.metadata.namespace or "", session.metadata.name or ""
-    )
-    await ctx.api.patch(
-        f"{path}/status", {"status": {"activeMigration": migration, "phase": "Migrating"}}
-    )
 
 
 async def _my_turn(ctx: OperatorContext, namespace: str, session: str, name: str) -> bool:
@@ -340,42 +351,17 @@ async def _finish(
 ) -> None:
     namespace = session.metadata.namespace or "default"
     spec = record.spec
-    summary: dict[str, Any] = {
-        "name": records.migration["metadata"]["name"],
-        "reason": record.reason or spec.reason,
-        "result": RESULTS.get(record.phase),
-        "sourceImage": spec.source.image,
-        "targetImage": spec.target.image,
-        "startTime": seconds_time(record.started),
-        "completionTime": seconds_time(record.ended),
-        "durationMilliseconds": None if record.total_s is None else round(record.total_s * 1000),
-        "fencePauseMilliseconds": None
-        if record.fence_pause_ms is None
-        else round(record.fence_pause_ms),
-    }
-    status: dict[str, Any] = {"activeMigration": None, "lastMigration": summary}
     if ctx.config.criu:
-        await checkpointers.release(ctx, session, summary["name"], record)
+        await checkpointers.release(ctx, session, records.migration["metadata"]["name"], record)
     if record.phase is Phase.SUCCEEDED:
         owner_labels = {names.ROLE_LABEL: names.OWNER_ROLE, names.MIGRATION_LABEL: None}
         await ctx.api.patch(
             namespaced("pods", namespace, spec.target.name), {"metadata": {"labels": owner_labels}}
         )
         await ctx.api.delete(namespaced("pods", namespace, spec.source.name))
-        target = await ctx.api.get(namespaced("pods", namespace, spec.target.name))
-        status.update(
-            nodeName=None if target is None else target["spec"].get("nodeName"),
-            ownerPod=spec.target.name,
-            image=spec.target.image,
-            epoch=None if record.fence is None else record.fence.epoch,
-            phase="Running",
-        )
-    else:
+    elif session.spec.migration.rollback_on_failure:
         # Whatever the engine left of the shadow (rollbackOnFailure: false keeps it).
-        if session.spec.migration.rollback_on_failure:
-            await ctx.api.delete(namespaced("pods", namespace, spec.target.name), grace_s=0)
-    session_path = namespaced("agentsessions", namespace, session.metadata.name or "")
-    await ctx.api.patch(f"{session_path}/status", {"status": status})
+        await ctx.api.delete(namespaced("pods", namespace, spec.target.name), grace_s=0)
     logger.info(
         "migration %s ended %s",
         spec.id,

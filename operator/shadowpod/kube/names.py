@@ -29,6 +29,9 @@ MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
 AGENT_APP: Final = "shadowpod-agent"
 MANAGED_BY: Final = "shadowpod-operator"
 
+# On a hand-made AgentMigration: the generation of its session's spec when it started.
+# A move to another image it makes is kept until spec.image changes (a later one).
+SESSION_GENERATION_ANNOTATION: Final = f"{PREFIX}/session-generation"
 # The gateway's id of the session, on every pod: the agent reads it as a file (downward API).
 GATEWAY_SESSION_ANNOTATION: Final = f"{PREFIX}/gateway-session"
 
@@ -45,6 +48,8 @@ TOKEN_KEY: Final = "token"
 GATEWAY_KEY: Final = "gateway"
 
 _SUFFIX_ALPHABET: Final = string.ascii_lowercase + string.digits
+# The API server refuses a label value longer than this (a pod, a ConfigMap, anything).
+LABEL_VALUE_MAX: Final = 63
 
 
 def gateway_session(namespace: str, name: str) -> str:
@@ -94,6 +99,16 @@ def validation_answers(migration: str) -> str:
         return name
     digest = hashlib.sha256(migration.encode()).hexdigest()[:10]
     return f"{migration[: 253 - len(digest) - 9].rstrip('-.')}-{digest}-answers"
+
+
+def label_value(name: str) -> str:
+    """``name`` as a label value: itself when it fits in ``LABEL_VALUE_MAX``, else its
+    head and a digest of the whole. A migration's name may not fit: the operator's are
+    the session's name (up to 63) and a suffix, a hand-made one's up to 253."""
+    if len(name) <= LABEL_VALUE_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
+    return f"{name[: LABEL_VALUE_MAX - len(digest) - 1].rstrip('-._')}-{digest}"
 
 
 def session_selector(session: str) -> dict[str, str]:

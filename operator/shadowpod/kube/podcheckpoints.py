@@ -113,7 +113,7 @@ class PodCheckpointer:
         timeout = self.ctx.config.checkpoint_timeout_s
         labels = {**manifests.session_labels(self.session)}
         if self.migration is not None:
-            labels[names.MIGRATION_LABEL] = self.migration
+            labels[names.MIGRATION_LABEL] = names.label_value(self.migration)
         body = {
             "apiVersion": self.group_version,
             "kind": KIND,

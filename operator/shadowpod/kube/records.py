@@ -21,7 +21,7 @@ from shadowpod.kube import conditions, names
 from shadowpod.kube.api import namespaced
 from shadowpod.kube.context import EventType, OperatorContext
 from shadowpod.kube.models.conditions import ConditionStatus
-from shadowpod.kube.models.v1alpha1 import MigrationCondition
+from shadowpod.kube.models.v1alpha1 import MigrationCondition, MigrationResult, MigrationSummary
 from shadowpod.kube.models.v1alpha1.validation import WORST_SHOWN
 
 logger = logging.getLogger("shadowpod.operator")
@@ -29,6 +29,9 @@ RECORD_ANNOTATION: Final = f"{names.PREFIX}/record"
 # The CRIU strategy's mechanism, as the strategy chose it (``checkpointers``).
 MECHANISM_ANNOTATION: Final = f"{names.PREFIX}/checkpoint-mechanism"
 VALIDATION_REASONS: Final = ("ValidationFailed", "ValidationUnavailable", "PersonaDrift")
+# Reasons a rollback is also said by, as an event of their own (see ``_phase_changed``):
+# the upgrade gate's, and a target that can never run (the pod runtime's).
+SAID_ALONE: Final = (*VALIDATION_REASONS, "ImagePullFailed", "NodeNotFound")
 # How a verdict names a disagreement: "turn 21 (score 0.77): why; source said …".
 _WORST: Final = re.compile(r"^turn (\d+) \(score ([0-9.]+)\): (.*?)(?:; source said |$)", re.S)
 RESULTS: Final = {
@@ -42,13 +45,6 @@ def timestamp(seconds: float | None) -> str | None:
     if seconds is None:
         return None
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def seconds_time(seconds: float | None) -> str | None:
-    """A ``Time`` (whole seconds), as metav1.Time is written."""
-    if seconds is None:
-        return None
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _ms(seconds: float | None) -> int | None:
@@ -204,6 +200,41 @@ def status_of(record: MigrationRecord, *, generation: int | None, old: list[Any]
     return status
 
 
+def stored_record(migration: dict[str, Any]) -> MigrationRecord | None:
+    """The engine's record kept on ``migration``; ``None`` before the engine first saved."""
+    raw = (migration["metadata"].get("annotations") or {}).get(RECORD_ANNOTATION)
+    return None if raw is None else MigrationRecord.model_validate_json(raw)
+
+
+def summary_of(migration: dict[str, Any]) -> MigrationSummary | None:
+    """``migration`` in short, for its session's ``lastMigration``: once the engine has
+    run it to its end (a migration refused before it started has no record)."""
+    try:
+        record = stored_record(migration)
+    except ValueError:
+        # Not the engine's record (edited by hand): the migration's own daemon says so.
+        return None
+    if record is None or not record.done:
+        return None
+    spec = record.spec
+    return MigrationSummary(
+        name=migration["metadata"]["name"],
+        reason=record.reason or spec.reason,
+        result=MigrationResult(RESULTS[record.phase]),
+        source_image=spec.source.image,
+        target_image=spec.target.image,
+        start_time=datetime.fromtimestamp(record.started, UTC),
+        completion_time=None if record.ended is None else datetime.fromtimestamp(record.ended, UTC),
+        # Never below 0: a record resumed by another operator runs on another clock.
+        duration_milliseconds=None
+        if record.total_s is None
+        else max(0, round(record.total_s * 1000)),
+        fence_pause_milliseconds=None
+        if record.fence_pause_ms is None
+        else max(0, round(record.fence_pause_ms)),
+    )
+
+
 class MigrationRecords:
     def __init__(
         self, ctx: OperatorContext, migration: dict[str, Any], session: dict[str, Any]
@@ -217,8 +248,7 @@ class MigrationRecords:
         self._note: str | None = None
 
     def stored(self) -> MigrationRecord | None:
-        raw = self.migration["metadata"].get("annotations", {}).get(RECORD_ANNOTATION)
-        return None if raw is None else MigrationRecord.model_validate_json(raw)
+        return stored_record(self.migration)
 
     async def load(self, migration_id: str) -> MigrationRecord | None:
         fresh = await self.ctx.api.get(self.path)
@@ -347,8 +377,9 @@ class MigrationRecords:
             message += f" ({record.reason}: {record.error})"
         for obj in (self.migration, self.session):
             await self.ctx.event(obj, kind, f"Migration{record.phase}", message)
-        if record.phase is Phase.ROLLING_BACK and record.reason in VALIDATION_REASONS:
-            # The upgrade gate's own word: what a user filters events by.
+        if record.phase is Phase.ROLLING_BACK and record.reason in SAID_ALONE:
+            # The upgrade gate's own word, or why the target can never run: what a
+            # user filters events by.
             said = f"migration {self.migration['metadata']['name']}: {record.error}"
             if record.reason == "ValidationFailed":
                 said += "; kubectl shadowpod diff shows both answers"

@@ -10,7 +10,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from shadowpod.kube.config import OperatorConfig
-from shadowpod.kube.handlers import registry
+from shadowpod.kube.handlers import OperatorMemo, registry
 from shadowpod.kube.metrics import OperatorMetrics
 
 
@@ -32,7 +32,8 @@ def run(
     namespaces: Collection[str] = () if clusterwide else config.namespaces
     asyncio.run(
         kopf.operator(
-            registry=registry(config, metrics),
+            registry=registry(config),
+            memo=OperatorMemo(config, metrics),
             standalone=standalone,
             peering_name=peering,
             liveness_endpoint=liveness,

@@ -40,9 +40,15 @@ IMAGE_REFERENCE: Final = re.compile(
 )
 # Exit codes above this are 128 + the signal that ended the container.
 SIGNALLED: Final = 128
+# A container waiting for one of these will not run without a change: its image is
+# no reference, is not on the node under pull policy Never, or failed to pull and the
+# kubelet backs off (a first ``ErrImagePull`` alone may be a registry's hiccup).
+UNPULLABLE: Final = frozenset({"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 
-# What each image reported when its pods ran, shared by every session's runtime.
-_KNOWN_IMAGES: dict[str, ImageInfo] = {}
+
+class NodeNotFound(RuntimeFailure):
+    reason = "NodeNotFound"
 
 
 def image_problem(image: str) -> str | None:
@@ -77,8 +83,8 @@ class PodRuntime:
     async def describe(self, image: str) -> ImageInfo:
         if (problem := image_problem(image)) is not None:
             raise ImageNotFound(problem)
-        if image in _KNOWN_IMAGES:
-            return _KNOWN_IMAGES[image]
+        if image in self.ctx.known_images:
+            return self.ctx.known_images[image]
         # Not run yet: assume it reads what the source writes; its shadow will say if not.
         schema = 1 if self.source_info is None else self.source_info.state_schema
         return ImageInfo(image=image, state_schema=schema, reads_state_schemas=[schema])
@@ -97,7 +103,7 @@ class PodRuntime:
             state_schema=status.state_schema,
             reads_state_schemas=sorted(set(status.reads_state_schemas)),
         )
-        _KNOWN_IMAGES[image] = self.source_info = info
+        self.ctx.known_images[image] = self.source_info = info
         return info
 
     async def missing_credentials(self, image: str, names_: list[str]) -> list[str]:
@@ -117,6 +123,11 @@ class PodRuntime:
         return missing
 
     async def start(self, spec: InstanceSpec) -> None:
+        if self.node is not None and await self._node_missing(self.node):
+            raise NodeNotFound(
+                f"node {self.node!r} does not exist: the pod of {spec.name!r} could never"
+                " be scheduled (name an existing node in spec.target.nodeName)"
+            )
         existing = await self.ctx.api.get(self._pod(spec.name))
         if existing is not None:
             if _container(existing)["image"] != spec.image:
@@ -150,10 +161,12 @@ class PodRuntime:
             return terminated
         ip = pod.get("status", {}).get("podIP")
         if pod.get("status", {}).get("phase") != "Running" or not ip:
-            return InstanceStatus(name=name, alive=True, mode="starting")
+            return await self._never_starting(pod) or InstanceStatus(
+                name=name, alive=True, mode="starting"
+            )
         reported = await read_agent_status(self.ctx.http, f"http://{ip}:{names.AGENT_PORT}")
         if reported is not None:
-            _KNOWN_IMAGES.setdefault(
+            self.ctx.known_images.setdefault(
                 _container(pod)["image"],
                 ImageInfo(
                     image=_container(pod)["image"],
@@ -162,6 +175,42 @@ class PodRuntime:
                 ),
             )
         return instance_status(name, reported)
+
+    async def _node_missing(self, node: str) -> bool:
+        return await self.ctx.api.get(f"/api/v1/nodes/{node}") is None
+
+    async def _never_starting(self, pod: dict[str, Any]) -> InstanceStatus | None:
+        """A pod that waits for what will not come: an image that cannot be pulled, or
+        a node that does not exist (the pod pinned to it, unschedulable). Said as the
+        instance failed, with the reason, rather than left ``starting`` until the
+        phase times out."""
+        name, status = pod["metadata"]["name"], pod.get("status", {})
+        for container in status.get("containerStatuses", []):
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in UNPULLABLE:
+                return InstanceStatus(
+                    name=name,
+                    alive=False,
+                    mode="failed",
+                    reason="ImagePullFailed",
+                    error=f"image {container.get('image')!r} cannot be pulled"
+                    f" ({waiting['reason']}: {waiting.get('message') or 'no detail'}):"
+                    " push it, or correct the image",
+                )
+        node = (pod["spec"].get("nodeSelector") or {}).get(HOSTNAME_LABEL)
+        unschedulable = any(
+            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in status.get("conditions") or []
+        )
+        if node is not None and unschedulable and await self._node_missing(node):
+            return InstanceStatus(
+                name=name,
+                alive=False,
+                mode="failed",
+                reason="NodeNotFound",
+                error=f"node {node!r} does not exist: the pod cannot be scheduled",
+            )
+        return None
 
     async def stop(self, name: str, *, grace_s: float) -> None:
         """Delete the pod with ``grace_s`` (SIGTERM, then SIGKILL), and wait until it is gone."""

@@ -16,29 +16,46 @@ any two steps repeats safely:
    one at a new epoch, restoring from the latest snapshot and the journal;
 6. an AgentMigration when the image changed or the owner's node is cordoned —
    one at a time: a change during a migration waits for it.
+
+``reconcile_and_patch`` is the only writer of an AgentSession's status: every pass
+writes it whole from what it saw (``activeMigration`` and ``lastMigration`` from the
+AgentMigrations it lists), and a pass that fails says why there.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import aiohttp
+from pydantic import ValidationError
 
 from shadowpod.api.models import CreateSession, CredentialSpec, OwnershipChange, ScheduleSpec
 from shadowpod.client.gateway import GatewayError
+from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.ports import GatewayUnavailable
-from shadowpod.engine.record import TERMINAL, Phase
+from shadowpod.engine.record import TERMINAL
 from shadowpod.kube import conditions, manifests, names, validation
 from shadowpod.kube.api import AlreadyExists, namespaced
 from shadowpod.kube.comparisons import warm_semantic_judge
-from shadowpod.kube.context import OperatorContext
+from shadowpod.kube.context import Failure, OperatorContext, backoff_key
 from shadowpod.kube.models.conditions import ConditionStatus
-from shadowpod.kube.models.v1alpha1 import AgentSession, Judge, PersonaJudge, SessionCondition
+from shadowpod.kube.models.v1alpha1 import (
+    AgentSession,
+    AgentSessionStatus,
+    JournalStatus,
+    Judge,
+    MigrationSummary,
+    PersonaJudge,
+    SessionCondition,
+)
 from shadowpod.kube.models.v1alpha1.policy import EvictionStrategy
+from shadowpod.kube.records import summary_of
 from shadowpod.kube.runtime import image_problem
 from shadowpod.sessions.tokens import new_token, token_hash
 
@@ -215,7 +232,8 @@ def container_image(pod: dict[str, Any]) -> str:
 
 @dataclass
 class Observed:
-    """What one reconcile saw, for the status."""
+    """What one reconcile saw, for the status. ``journal`` and ``last`` unseen (None)
+    are left as the status has them."""
 
     phase: str
     epoch: int | None = None
@@ -223,10 +241,32 @@ class Observed:
     node: str | None = None
     image: str | None = None
     ready: bool = False
-    head: int | None = None
-    acked: int | None = None
+    journal: JournalStatus | None = None
     active: str | None = None
+    last: MigrationSummary | None = None
     degraded: Problem | None = None
+
+
+def last_migration(
+    migrations: list[dict[str, Any]], stored: MigrationSummary | None
+) -> MigrationSummary | None:
+    """The session's latest migration to have run and ended: from its AgentMigrations,
+    or ``stored`` (the status's) when that one ended later — a migration deleted once
+    it ended (a cancelled one, say) is gone from the list, not from the session's past."""
+    latest: MigrationSummary | None = None
+    for migration in migrations:  # oldest first: on a tie, the newer one
+        summary = summary_of(migration)
+        if summary is not None and (latest is None or _ended(summary) >= _ended(latest)):
+            latest = summary
+    if stored is None or any(m["metadata"]["name"] == stored.name for m in migrations):
+        return latest
+    if latest is None or _ended(stored) > _ended(latest).replace(microsecond=0):
+        return stored
+    return latest
+
+
+def _ended(summary: MigrationSummary) -> datetime:
+    return summary.completion_time or summary.start_time or datetime.min.replace(tzinfo=UTC)
 
 
 async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
@@ -260,6 +300,9 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
         await ensure_budget(ctx, session)
     migrations = await migrations_of(ctx, namespace, name)
     active = next((m for m in migrations if unfinished(m)), None)
+    last = last_migration(
+        migrations, None if session.status is None else session.status.last_migration
+    )
     recorded_owner = (body.get("status") or {}).get("ownerPod")
     pod = await ctx.api.get(namespaced("pods", namespace, ownership.owner))
     # A validation policy that cannot run holds image changes back, not the session.
@@ -267,7 +310,7 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     blocking = [p for p in found if p.reason != validation.InvalidValidationPolicy.reason]
     if active is None and blocking and pod is None:
         # Nothing runs yet, and it could not start right: say so and wait for a fix.
-        return Observed(phase="Pending", epoch=ownership.epoch, degraded=blocking[0])
+        return Observed(phase="Pending", epoch=ownership.epoch, last=last, degraded=blocking[0])
     if active is None and (pod is None or pod_dead(pod)):
         if pod is not None or recorded_owner == ownership.owner:
             ownership, pod = await _replace_owner(ctx, body, session, ownership, pod)
@@ -275,11 +318,12 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
             pod = await _create_owner(ctx, session, ownership.owner, ownership.epoch)
     if active is None and pod is not None and not pod_dead(pod) and pod_ready(pod):
         active = await _maybe_migrate(ctx, session, body, pod, migrations, gated=gated)
-    head = acked = None
+    position = None
     # The journal's position is shown when the gateway answers.
     with contextlib.suppress(GatewayError, aiohttp.ClientError, TimeoutError):
         journal = await ctx.admin.status(gid)
-        head, acked = journal.head, min(journal.head, max(journal.acks.values(), default=0))
+        acked = min(journal.head, max(journal.acks.values(), default=0))
+        position = JournalStatus(head_seq=journal.head, acked_seq=acked)
     ready = pod_ready(pod)
     phase = "Migrating" if active is not None else ("Running" if ready else "Pending")
     return Observed(
@@ -289,9 +333,9 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
         node=None if pod is None else pod["spec"].get("nodeName"),
         image=None if pod is None else container_image(pod),
         ready=ready,
-        head=head,
-        acked=acked,
+        journal=position,
         active=None if active is None else active["metadata"]["name"],
+        last=last,
         degraded=found[0] if found else None,
     )
 
@@ -357,7 +401,7 @@ async def _maybe_migrate(
     generation = int(body["metadata"].get("generation") or 1)
     migration: dict[str, Any] | None = None
     if container_image(pod) != session.spec.image:
-        if gated:
+        if gated or _moved_by_hand(migrations, container_image(pod), generation):
             return None
         wanted = names.image_migration(name, generation)
         if any(m["metadata"]["name"] == wanted for m in migrations):
@@ -391,12 +435,27 @@ async def _maybe_migrate(
     return created
 
 
+def _moved_by_hand(migrations: list[dict[str, Any]], image: str, generation: int) -> bool:
+    """The owner runs ``image`` because a user's AgentMigration put it there while the
+    spec was at ``generation``: the move is kept (not undone to ``spec.image``) until
+    the spec changes."""
+    for migration in migrations:
+        annotations = migration["metadata"].get("annotations") or {}
+        if (
+            (migration.get("status") or {}).get("result") == "Succeeded"
+            and ((migration.get("spec") or {}).get("target") or {}).get("image") == image
+            and annotations.get(names.SESSION_GENERATION_ANNOTATION) == str(generation)
+        ):
+            return True
+    return False
+
+
 async def _cordoned(ctx: OperatorContext, node: str) -> bool:
     found = await ctx.api.get(f"/api/v1/nodes/{node}")
     return found is not None and bool((found.get("spec") or {}).get("unschedulable"))
 
 
-def status_patch(body: dict[str, Any], seen: Observed) -> dict[str, Any]:
+def session_status(body: dict[str, Any], seen: Observed) -> AgentSessionStatus:
     """The session's status for what ``reconcile`` saw: every condition type set."""
     generation = body["metadata"].get("generation")
     old = [
@@ -413,18 +472,18 @@ def status_patch(body: dict[str, Any], seen: Observed) -> dict[str, Any]:
         migrating = ("True", "MigrationRunning", f"AgentMigration {seen.active} runs")
     else:
         migrating = ("False", "NoMigration", "no migration runs")
-    last = (body.get("status") or {}).get("lastMigration") or {}
+    last = seen.last
     if seen.degraded is not None:
         degraded = ("True", seen.degraded.reason, seen.degraded.message)
-    elif seen.active is None and last.get("result") in ("RolledBack", "Failed"):
+    elif seen.active is None and last is not None and last.result in ("RolledBack", "Failed"):
         degraded = (
             "True",
-            last.get("reason") or "MigrationFailed",
-            f"AgentMigration {last.get('name')} {last.get('result')}: the session stays on"
-            f" {seen.image}; kubectl describe agm {last.get('name')} says why"
+            last.reason or "MigrationFailed",
+            f"AgentMigration {last.name} {last.result}: the session stays on"
+            f" {seen.image}; kubectl describe agm {last.name} says why"
             + (
-                f" (kubectl shadowpod diff {last.get('name')}: both versions' answers)"
-                if last.get("reason") == "ValidationFailed"
+                f" (kubectl shadowpod diff {last.name}: both versions' answers)"
+                if last.reason == "ValidationFailed"
                 else ""
             ),
         )
@@ -446,20 +505,100 @@ def status_patch(body: dict[str, Any], seen: Observed) -> dict[str, Any]:
             message,
             generation=generation,
         )
-    status: dict[str, Any] = {
-        "observedGeneration": generation,
-        "phase": seen.phase,
-        "epoch": seen.epoch,
-        "ownerPod": seen.owner,
-        "nodeName": seen.node,
-        "image": seen.image,
-        "activeMigration": seen.active,
-        "conditions": [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conds],
-    }
-    if seen.head is not None:
-        status["journal"] = {"headSeq": seen.head, "ackedSeq": seen.acked or 0}
-    return status
+    # Unseen (None) is not written, so the stored value stays; a field set to None is.
+    seen_only: dict[str, Any] = {}
+    if seen.journal is not None:
+        seen_only["journal"] = seen.journal
+    if seen.last is not None:
+        seen_only["last_migration"] = seen.last
+    return AgentSessionStatus(
+        observed_generation=generation,
+        phase=seen.phase,
+        epoch=seen.epoch,
+        owner_pod=seen.owner,
+        node_name=seen.node,
+        image=seen.image,
+        active_migration=seen.active,
+        conditions=conds,
+        **seen_only,
+    )
 
 
-def migration_phase(migration: dict[str, Any]) -> Phase:
-    return Phase((migration.get("status") or {}).get("phase", "Pending"))
+def status_patch(status: AgentSessionStatus) -> dict[str, Any]:
+    """A merge patch that writes ``status``: what it set, ``None`` as null (removed);
+    what it left unset, as stored."""
+    patch = status.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    patch["conditions"] = [
+        c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in status.conditions
+    ]
+    return {"status": patch}
+
+
+def lock(ctx: OperatorContext, namespace: str, name: str) -> asyncio.Lock:
+    """One pass at a time over a session (its deletion included) in this operator."""
+    return ctx.lock(f"session/{namespace}/{name}")
+
+
+async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> None:
+    """One pass over the session (``body``, the freshest the caller has), and its
+    status written. A pass that fails is said — ``Degraded`` with the reason, a Warning
+    event, ``shadowpod_reconcile_errors_total`` — and backed off: passes skip it until
+    its wait (doubled by each failure) is over or its spec changes (``backoff``)."""
+    meta = body["metadata"]
+    if meta.get("deletionTimestamp"):
+        return
+    key = (meta["namespace"], meta["name"])
+    failing = backoff_key("AgentSession", body)
+    if not ctx.backoff.due(failing, meta.get("generation")):
+        return
+    async with lock(ctx, *key):
+        try:
+            seen = await reconcile(ctx, body)
+        except (ShadowpodError, ValidationError) as exc:
+            failure = await ctx.reconcile_failed(body, "AgentSession", exc)
+            await ctx.api.patch(
+                _status_path(*key),
+                status_patch(session_status(body, _as_stored(body, failure, exc))),
+            )
+            return
+        await ctx.api.patch(_status_path(*key), status_patch(session_status(body, seen)))
+        ctx.count_session(key, seen.phase, ready=seen.ready)
+        if seen.phase == "Pending" and seen.degraded is not None and seen.owner is None:
+            # It could not start: its spec is unusable (said as Degraded). Backed off
+            # and counted as a failure, like a pass that raised.
+            ctx.backoff.failed(failing, meta.get("generation"))
+            ctx.metrics.reconcile_errors.labels(
+                kind="AgentSession", reason=seen.degraded.reason
+            ).inc()
+        else:
+            ctx.backoff.succeeded(failing)
+
+
+async def reconcile_named(ctx: OperatorContext, namespace: str, name: str) -> None:
+    """``reconcile_and_patch`` for the session ``name``, read first (gone: nothing)."""
+    body = await ctx.api.get(namespaced("agentsessions", namespace, name))
+    if body is not None:
+        await reconcile_and_patch(ctx, body)
+
+
+def _status_path(namespace: str, name: str) -> str:
+    return f"{namespaced('agentsessions', namespace, name)}/status"
+
+
+def _as_stored(body: dict[str, Any], failure: Failure, exc: Exception) -> Observed:
+    """What a pass that failed knows: the status as stored, and what went wrong."""
+    status = body.get("status") or {}
+    last = None
+    with contextlib.suppress(ValidationError):  # the body may be what failed to validate
+        last = MigrationSummary.model_validate(status.get("lastMigration"))
+    return Observed(
+        phase=status.get("phase", "Pending"),
+        epoch=status.get("epoch"),
+        owner=status.get("ownerPod"),
+        image=status.get("image"),
+        active=status.get("activeMigration"),
+        last=last,
+        degraded=Problem(
+            failure.reason, f"{exc}; the operator tries again in {failure.retry_s:g} s"
+        ),
+    )

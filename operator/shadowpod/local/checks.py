@@ -66,7 +66,10 @@ def session_checks(
         _state_at_fence(succeeded),
         _fenced_epochs_silent(journal),
         _schedules_fired_once(journal),
-        _sources_drained(succeeded, journal),
+        # A source replaced after its death (a rollback's new owner) is checked too.
+        _sources_drained(
+            [m for m in migrations if m.succeeded or m.record.replacement is not None], journal
+        ),
     ]
 
 

@@ -27,9 +27,9 @@ class MigrationOutcome:
 
     @property
     def moved(self) -> bool:
-        """The epoch moved to the target: the session changed owner (even if the
-        migration then failed)."""
-        return self.record.fence is not None
+        """The epoch moved — to the target (even if the migration then failed), or to
+        the new owner that replaced a dead source: the session changed owner."""
+        return self.record.fence is not None or self.record.replacement is not None
 
     @property
     def succeeded(self) -> bool:
@@ -51,6 +51,8 @@ class MigrationOutcome:
             "fence_wait_ms": None if r.fence is None else r.fence.waited_ms,
             "fence_attempts": r.fence_attempts,
             "recoveries": r.recoveries,
+            "source_lost": None if r.source_lost is None else r.source_lost.model_dump(mode="json"),
+            "replacement": None if r.replacement is None else r.replacement.name,
             "catchup_entries": r.catchup_entries,
             "catchup_entries_per_s": r.catchup_entries_per_s,
             "client_max_latency_ms": None

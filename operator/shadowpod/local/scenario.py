@@ -242,11 +242,13 @@ class LiveScenario:
             self.on_phase(record)
         if record.phase is Phase.SUCCEEDED:
             live.owner = record.spec.target
-        elif record.phase is Phase.FAILED:
-            # Failed after the bump, the target may own the session: follow the truth.
+        elif record.phase is Phase.FAILED or record.replacement is not None:
+            # Failed after the bump, the target may own the session; a rollback from a
+            # dead source left a new owner of its image: follow the truth.
             ownership = await self.deployment.control.ownership(live.name)
-            if ownership.owner == record.spec.target.name:
-                live.owner = record.spec.target
+            for owner in (record.spec.target, record.replacement):
+                if owner is not None and ownership.owner == owner.name:
+                    live.owner = owner
         outcome = MigrationOutcome(
             record=record, started=started, ended=ended, promoted=await self._promoted(record)
         )

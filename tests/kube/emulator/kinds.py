@@ -14,6 +14,15 @@ from tests.kube.emulator.resources import ServedResource, crd_problems
 
 DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# A label value (and a label key's name part), as the API server validates them.
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+LABEL_VALUE_MAX = 63
+_LABEL_VALUE_FORMAT = (
+    "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' "
+    "or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or "
+    "'my_value',  or '12345', regex used for validation is "
+    "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
+)
 
 # Kinds whose status may be given on create (a kubelet registers its node with one).
 STATUS_ON_CREATE = frozenset({"nodes", "events"})
@@ -39,6 +48,28 @@ def check_name(served: ServedResource, name: str) -> None:
             ],
             served.group,
         )
+
+
+def check_labels(served: ServedResource, name: str, meta: Mapping[str, Any]) -> None:
+    """``metadata.labels`` as the API server checks them on every write, of every kind:
+    keys are ``[prefix/]name`` (a DNS subdomain prefix, a name of at most 63), values
+    at most 63 characters of a restricted alphabet."""
+    labels = meta.get("labels") or {}
+    causes = []
+    for key, value in labels.items() if isinstance(labels, Mapping) else ():
+        prefix, _, part = str(key).rpartition("/")
+        if prefix and (len(prefix) > 253 or not DNS_SUBDOMAIN.match(prefix)):
+            causes.append(f"Invalid value: {key!r}: prefix part a lowercase RFC 1123 subdomain")
+        if not part or len(part) > LABEL_VALUE_MAX or not LABEL_VALUE.match(part):
+            causes.append(f"Invalid value: {key!r}: name part must be 1-63 characters")
+        if not isinstance(value, str):
+            causes.append(f"Invalid value: {value!r}: a label value must be a string")
+        elif len(value) > LABEL_VALUE_MAX:
+            causes.append(f'Invalid value: "{value}": must be no more than 63 characters')
+        elif not LABEL_VALUE.match(value):
+            causes.append(f'Invalid value: "{value}": {_LABEL_VALUE_FORMAT}')
+    if causes:
+        raise invalid(served.kind, name, [("metadata.labels", c) for c in causes], served.group)
 
 
 def event_problems(served: ServedResource, obj: dict[str, Any]) -> list[tuple[str, str]]:

@@ -123,6 +123,7 @@ class ObjectStore:
                 )
             meta["name"] = self._generate_name(served, meta.get("namespace"), prefix)
         kinds.check_name(served, meta["name"])
+        kinds.check_labels(served, meta["name"], meta)
         key: Key = (served.key, meta.get("namespace"), meta["name"])
         if key in self.objects:
             raise errors.already_exists(served.plural, meta["name"], served.group)
@@ -304,6 +305,7 @@ class ObjectStore:
                     new["status"] = current["status"]
                 else:
                     new.pop("status", None)
+            kinds.check_labels(served, name, meta)
             kinds.prepare_update(served, current, new)
             if _spec_part(new) != _spec_part(current):
                 meta["generation"] = current["metadata"].get("generation", 1) + 1

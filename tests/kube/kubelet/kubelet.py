@@ -74,6 +74,9 @@ class Kubelet:
         self.pod_checkpoint_failures: dict[str, str] = {}
         self.pod_restore_refusals: dict[str, tuple[str, str]] = {}
         self.pod_checkpoints: PodCheckpoints | None = None
+        # Pods carrying one of these labels (key: value) wait in ContainerCreating until
+        # it is taken out again: a test holds a migration in a phase so, deterministically.
+        self.held: dict[str, str] = {}
         self.pods: dict[PodKey, dict[str, Any]] = {}  # every pod in the cluster, as watched
         self.node_objects: dict[str, dict[str, Any]] = {}
         self.workers: dict[str, PodWorker] = {}  # by pod uid

@@ -118,6 +118,23 @@ class PodWorker:
         for run in self.containers.values():
             await self._kill_tree(run)
 
+    def crash(self, container: str) -> None:
+        """``kill -9`` of the container's processes (an OOM kill, a segfault): it ends
+        with exit code 137, reported as a container does, and its restartPolicy says
+        what follows."""
+        run = self.containers[container]
+        assert run.process is not None and run.process.returncode is None, "not running"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.process.pid, signal.SIGKILL)
+
+    def freeze(self, container: str) -> None:
+        """``SIGSTOP`` the container's processes: alive, answering nothing (a process
+        stuck in a turn) until killed."""
+        run = self.containers[container]
+        assert run.process is not None and run.process.returncode is None, "not running"
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.process.pid, signal.SIGSTOP)
+
     def logs(self, container: str) -> str:
         run = self.containers.get(container)
         return run.log.read_text(errors="replace") if run and run.log.exists() else ""
@@ -165,6 +182,9 @@ class PodWorker:
 
         docker = self.kubelet.docker
         try:
+            labels = self.pod["metadata"].get("labels") or {}
+            if any(labels.get(key) == value for key, value in self.kubelet.held.items()):
+                raise NotReadyToStart("ContainerCreating", "held by the test")
             volumes = build.write_volumes(self.pod, self.root, lookup)
             if docker is not None:
                 docker.share(list(volumes.values()))
@@ -206,10 +226,17 @@ class PodWorker:
                     container, argv, env, directory / "log", termination_log
                 )
         except NotReadyToStart as problem:
+            waiting = (problem.reason, problem.message)
+            pulled_before = any(
+                run.waiting is not None and run.waiting[0] in ("ErrImagePull", "ImagePullBackOff")
+                for run in self.containers.values()
+            )
+            if problem.reason == "ErrImagePull" and pulled_before:
+                # As a kubelet does: a pull failed once, the next tries are backed off.
+                images = ", ".join(c["image"] for c in self.pod["spec"]["containers"])
+                waiting = ("ImagePullBackOff", f'Back-off pulling image "{images}"')
             self.containers = {
-                c["name"]: ContainerRun(
-                    c, [], {}, Path(), Path(), waiting=(problem.reason, problem.message)
-                )
+                c["name"]: ContainerRun(c, [], {}, Path(), Path(), waiting=waiting)
                 for c in self.pod["spec"]["containers"]
             }
             return False

@@ -1,7 +1,18 @@
-"""``shadowpod.dev/v1alpha1``: AgentSession and AgentMigration."""
+"""``shadowpod.dev/v1alpha1``: AgentSession, AgentMigration and AgentDeployment."""
 
 from __future__ import annotations
 
+from shadowpod.kube.models.v1alpha1.deployment import (
+    AgentDeployment,
+    AgentDeploymentSpec,
+    AgentDeploymentStatus,
+    AgentTemplate,
+    CanaryStep,
+    DeploymentCondition,
+    PauseStep,
+    RolloutStep,
+    RolloutStrategySpec,
+)
 from shadowpod.kube.models.v1alpha1.migration import (
     AgentMigration,
     AgentMigrationSpec,
@@ -27,6 +38,7 @@ from shadowpod.kube.models.v1alpha1.session import (
     CheckpointPolicy,
     ClaimMemory,
     Credential,
+    DeploymentReference,
     EmptyDirMemory,
     Identity,
     JournalRetention,
@@ -57,22 +69,29 @@ from shadowpod.kube.models.v1alpha1.validation import (
 from shadowpod.kube.models.v1alpha1.version import API_VERSION, GROUP, VERSION
 
 # Every kind of this version, in the order ``shadowpod crds`` writes them.
-RESOURCES = (AgentSession, AgentMigration)
+RESOURCES = (AgentSession, AgentMigration, AgentDeployment)
 
 __all__ = [
     "API_VERSION",
     "GROUP",
     "RESOURCES",
     "VERSION",
+    "AgentDeployment",
+    "AgentDeploymentSpec",
+    "AgentDeploymentStatus",
     "AgentMigration",
     "AgentMigrationSpec",
     "AgentMigrationStatus",
     "AgentSession",
     "AgentSessionSpec",
     "AgentSessionStatus",
+    "AgentTemplate",
+    "CanaryStep",
     "CheckpointPolicy",
     "ClaimMemory",
     "Credential",
+    "DeploymentCondition",
+    "DeploymentReference",
     "Disagreement",
     "EmptyDirMemory",
     "EvictionStrategy",
@@ -95,10 +114,13 @@ __all__ = [
     "MigrationSummary",
     "MigrationTarget",
     "OnDrift",
+    "PauseStep",
     "PersonaJudge",
     "PersonaPolicy",
     "PersonaStatus",
     "PhaseTiming",
+    "RolloutStep",
+    "RolloutStrategySpec",
     "Schedule",
     "SecretKeyReference",
     "SecretReference",

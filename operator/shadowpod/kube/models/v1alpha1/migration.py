@@ -13,7 +13,7 @@ from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints, field_validator
 
-from shadowpod.engine.record import TERMINAL, Phase
+from shadowpod.domain.phases import TERMINAL, Phase
 from shadowpod.kube.models.base import (
     ATOMIC_LIST,
     DNS1123_LABEL,

@@ -11,6 +11,7 @@ from shadowpod.kube.models.base import (
     ATOMIC_LIST,
     DEFAULT_OBJECT,
     DNS1123_LABEL,
+    Bool,
     Int64,
     Integer,
     KubeModel,
@@ -173,6 +174,12 @@ class JournalRetentionPolicy(KubeModel):
     )
 
 
+class DeploymentReference(KubeModel):
+    """An AgentDeployment in the session's namespace."""
+
+    name: Name
+
+
 class AgentSessionSpec(KubeModel):
     """The session's agent: the container it runs in and how it is moved. Changing
     image starts a live migration to the new image."""
@@ -222,6 +229,16 @@ class AgentSessionSpec(KubeModel):
     journal_retention_policy: JournalRetentionPolicy = Field(
         default_factory=JournalRetentionPolicy, json_schema_extra=DEFAULT_OBJECT
     )
+    deployment_ref: DeploymentReference | None = Field(
+        default=None,
+        description="The AgentDeployment whose template, migration policy and rollouts the"
+        " session follows; the session's own fields override the template's.",
+    )
+    pinned: Bool = Field(
+        default=False,
+        description="Keep the session on its version: rollouts and their aborts pass it by"
+        " until it is unpinned (a node drain still moves it, on the same image).",
+    )
 
 
 class SessionPhase(StrEnum):
@@ -247,9 +264,6 @@ class JournalStatus(KubeModel):
 
     head_seq: Int64 = Field(default=0, description="The last entry's seq.")
     acked_seq: Int64 = Field(default=0, description="The last inbound seq the owner processed.")
-    latest_snapshot_seq: Int64 | None = Field(
-        default=None, description="The watermark of the latest snapshot."
-    )
 
 
 class MigrationSummary(KubeModel):
