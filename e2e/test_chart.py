@@ -45,11 +45,15 @@ def test_no_request_of_the_operator_was_forbidden(cluster: Cluster) -> None:
     assert not forbidden, "\n".join(forbidden[:10])
 
 
-def test_the_network_policies_and_the_gateways_budget_are_in_place(cluster: Cluster) -> None:
+def test_the_network_policies_are_in_place_and_one_gateway_has_no_budget(
+    cluster: Cluster,
+) -> None:
     policies = {
         p["metadata"]["name"] for p in items(cluster, "networkpolicies", namespace=NAMESPACE)
     }
     assert policies, "no NetworkPolicy in the release's namespace"
+    # The chart's default is one gateway replica (SQLite): a budget for it would protect
+    # nothing (maxUnavailable 1) or block every drain of its node (minAvailable 1), so
+    # the chart makes one only for gateway.replicas > 1 (tests/chart checks that case).
     budgets = items(cluster, "poddisruptionbudgets", namespace=NAMESPACE)
-    assert [b["spec"].get("maxUnavailable") for b in budgets] == [1], budgets
-    assert budgets[0]["status"]["expectedPods"] == 1, budgets[0]["status"]
+    assert budgets == [], budgets
