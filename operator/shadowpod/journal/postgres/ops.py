@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
@@ -330,8 +330,11 @@ class Statements:
         expect_epoch: int,
         new: Ownership,
         committed: list[JournalEntry],
+        check_lease: Callable[[Conn, str], Awaitable[None]] | None = None,
     ) -> Ownership:
         row = await self._row(conn, session, lock=True)
+        if check_lease is not None:  # under the session's lock, in this transaction
+            await check_lease(conn, session)
         current = _ownership(row)
         if current.epoch != expect_epoch:
             raise EpochConflict(session, expected=expect_epoch, current=current)

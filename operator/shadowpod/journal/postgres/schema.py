@@ -10,6 +10,7 @@ from psycopg.rows import TupleRow
 
 from shadowpod.domain.errors import SchemaTooNew
 from shadowpod.journal.ownership import TRIGGER_MESSAGE
+from shadowpod.journal.postgres import leases
 
 STORE_SCHEMA_VERSION: Final = 2
 _SCHEMA_NAME: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -72,6 +73,8 @@ def ddl(s: str) -> list[str]:
             created timestamptz NOT NULL,
             data bytea NOT NULL,
             PRIMARY KEY (sid, watermark))""",
+        # Added in place (no version bump): a store that does not know it ignores it.
+        leases.ddl(s),
     ]
 
 

@@ -47,6 +47,7 @@ from shadowpod.journal.errors import (
 from shadowpod.journal.followers import Followers
 from shadowpod.journal.postgres import ops
 from shadowpod.journal.postgres.group_commit import GroupCommit, Outcome
+from shadowpod.journal.postgres.leases import PostgresLeases
 from shadowpod.journal.postgres.listener import NotificationListener
 from shadowpod.journal.postgres.schema import check_schema_name, init_schema
 from shadowpod.journal.store import (
@@ -93,6 +94,7 @@ class PostgresJournalStore:
         self._listener: NotificationListener | None = None
         self._ops = ops.Statements(self.schema, self._channel, self._token)
         self._group: GroupCommit | None = None
+        self.leases = PostgresLeases(self.schema, self._conn)
 
     def __repr__(self) -> str:
         return f"PostgresJournalStore(schema={self.schema!r})"
@@ -261,7 +263,7 @@ class PostgresJournalStore:
         committed: list[JournalEntry] = []
         async with self._tx() as conn:
             result = await self._ops.compare_and_set_ownership(
-                conn, session, expect_epoch, new, committed
+                conn, session, expect_epoch, new, committed, self.leases.check_held
             )
         if committed:
             self._hub.publish(session, committed)
