@@ -296,3 +296,38 @@ async def test_the_holder_killed_under_load_loses_nothing_and_another_takes_over
     assert new_holder is not None and new_holder != holder
     # The first post after the kill waited for the lease to expire: within the bound.
     assert took[killed_at] <= TTL_S + 2.0, took[killed_at]
+
+
+async def test_a_holder_stopped_with_sigterm_hands_its_session_over_before_it_exits(
+    replicas: Replicas,
+) -> None:
+    agent_token = await _setup(replicas)
+    owner = Owner(replicas, agent_token, epoch=1, after=0)
+    serving = asyncio.create_task(owner.run())
+    count, stopped_at = 30, 15
+    try:
+        for n in range(stopped_at):
+            await _post(replicas, n)
+        holder = await replicas.holder()
+        assert holder is not None
+        victim = int(holder.removeprefix("gw"))
+        replicas.dead.add(victim)
+        await replicas.processes[victim].stop()  # SIGTERM, and wait for the exit
+        # Released, not left to expire (it would be the victim's for the lease time):
+        # free, or already taken by the replica the owner's next request reached.
+        assert await replicas.holder() != holder
+        for n in range(stopped_at, count):
+            await _post(replicas, n)
+        deadline = time.monotonic() + 30
+        while True:
+            entries = await _journal(replicas, agent_token)
+            if len([e for e in entries if e.kind == "ack"]) == count:
+                break
+            assert time.monotonic() < deadline, _summary(entries)
+            await asyncio.sleep(0.2)
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+    _check_exactly_once_in_order(entries, count)
+    assert await replicas.holder() not in (None, holder)
