@@ -163,6 +163,14 @@ async def test_postgresql_gateway_scales_and_reads_the_dsn_from_a_secret(helm: H
     assert "journal" not in {mount["name"] for mount in container["volumeMounts"]}
     assert "replicas share the PostgreSQL journal" in rendered.notes
     assert rendered.all("PodDisruptionBudget") == []  # not asked for
+    # Sessions are placed by lease: each replica says where the others reach it.
+    assert env(container)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env(container)["SHADOWPOD_ADVERTISE_URL"] == "http://$(POD_IP):8800"
+    assert env(container)["SHADOWPOD_REPLICA_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    args = container["args"]
+    assert args[args.index("--lease-ttl") + 1] == "10"
+    names = list(env(container))
+    assert names.index("POD_IP") < names.index("SHADOWPOD_ADVERTISE_URL")  # $(POD_IP) expands
 
 
 async def test_a_budget_keeps_all_but_one_of_several_gateway_replicas(helm: Helm) -> None:
@@ -312,6 +320,24 @@ async def test_network_policies_let_agents_reach_only_the_gateway(helm: Helm) ->
         names.NAME_LABEL: names.AGENT_APP,
         names.MANAGED_BY_LABEL: names.MANAGED_BY,
     }
+
+
+async def test_gateway_replicas_may_reach_each_other_through_the_network_policy(
+    helm: Helm,
+) -> None:
+    """They forward a session's requests to the replica that serves it."""
+    rendered = await helm.install(
+        {
+            "gateway": {
+                "replicas": 3,
+                "journal": {"backend": "postgresql", "postgresql": {"existingSecret": "pg"}},
+            },
+            "networkPolicy": {"enabled": True},
+        }
+    )
+    (rule,) = rendered.one("NetworkPolicy", GATEWAY)["spec"]["ingress"]
+    gateway_pods = rendered.one("Deployment", GATEWAY)["spec"]["selector"]["matchLabels"]
+    assert {"podSelector": {"matchLabels": gateway_pods}} in rule["from"]
 
 
 def test_rbac_cluster_wide_by_default_without_node_proxy(defaults: Rendered) -> None:

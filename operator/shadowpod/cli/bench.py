@@ -18,7 +18,11 @@ from shadowpod import eventloop
 from shadowpod.bench.chaos import BOUNDARIES, ChaosConfig, run_chaos
 from shadowpod.bench.criu import SIZES_MB, CriuBenchConfig, run_criu_bench
 from shadowpod.bench.gate import GateBenchConfig, run_gate_bench
-from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
+from shadowpod.bench.journal import (
+    JournalBenchConfig,
+    run_journal_bench,
+    run_journal_comparison,
+)
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 from shadowpod.cli.errors import fail, interrupted
 from shadowpod.cli.subject import agent_options, agent_under_test
@@ -61,7 +65,14 @@ def _workdir(help_text: str) -> Callable[[F], F]:
 
 
 @bench.command("journal")
-@_backend("Journal store to measure.")
+@click.option(
+    "--backend",
+    type=click.Choice(["sqlite", "postgres", "both"]),
+    default="sqlite",
+    show_default=True,
+    help="Journal store to measure; both: the two in one report, their durable "
+    "appends/s measured side by side.",
+)
 @_dsn
 @_workdir("Where SQLite databases are created (default: the system temp dir).")
 @click.option("--quick", is_flag=True, help="Tiny sizes: checks that it runs, figures mean little.")
@@ -76,10 +87,28 @@ def journal(
         if quick
         else JournalBenchConfig(backend=backend, dsn=dsn, workdir=workdir)
     )
-    _run_and_report("journal", run_journal_bench(config), _print_journal, as_json, check)
+    run = run_journal_comparison(config) if backend == "both" else run_journal_bench(config)
+    _run_and_report("journal", run, _print_journal, as_json, check)
 
 
 def _print_journal(report: dict[str, Any]) -> None:
+    if report["backend"] == "both":
+        for backend_report in report["backends"].values():
+            _print_journal(backend_report)
+        side = report["side_by_side"]
+        Console().print(
+            f"side by side, {side['writers']} writers: SQLite {side['sqlite_appends_per_s']:,} "
+            f"and PostgreSQL {side['postgres_appends_per_s']:,} durable appends/s "
+            "(PostgreSQL/SQLite "
+            + _against(
+                report["targets"]["postgres_to_sqlite_min"],
+                "[green]met[/green]",
+                "[red]missed[/red]",
+            )
+            + ")"
+        )
+        Console().print(f"machine over the whole run: {_machine(report)}")
+        return
     table = Table(title=f"journal benchmark — {report['backend']}")
     table.add_column("figure")
     table.add_column("value", justify="right")
