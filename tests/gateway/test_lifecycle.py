@@ -7,7 +7,7 @@ import asyncio
 import aiohttp
 import pytest
 
-from shadowpod.api.models import SuspendRequest
+from shadowpod.api.models import CreateSession, OwnershipChange, ScheduleSpec, SuspendRequest
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from tests.gateway.conftest import CONTROL, Session, ack, call, reply
 
@@ -179,3 +179,34 @@ async def test_activity_is_the_latest_client_message_not_the_agents_output(
     assert seen.last_message_seq == seq
     assert seen.quiet_since == seen.last_message_at
     assert seen.quiet_since > fresh.quiet_since
+
+
+async def test_schedules_keep_firing_while_suspended_and_wait_for_the_resume(
+    control: GatewayClient, client: GatewayClient, url: str
+) -> None:
+    created = await control.create_session(
+        CreateSession(
+            session="ticking",
+            schedules=[ScheduleSpec(schedule_id="tick", every_s=1.0, content="tock")],
+        )
+    )
+    await control.set_ownership("ticking", OwnershipChange(expect_epoch=0, epoch=1, owner="a"))
+    suspended = await control.suspend(
+        "ticking", SuspendRequest(expect_epoch=1, next_owner="pod-b", timeout_s=2)
+    )
+
+    async def fired_since_suspend() -> list[int]:
+        page = await client.events("ticking", after=suspended.suspend_seq, kinds=["schedule"])
+        return [e["seq"] for e in page.events if e["payload"]["op"] == "fire"]
+
+    async with asyncio.timeout(10):
+        # Polled: the fires are the gateway's, in another task; nothing here to wait on.
+        while len(await fired_since_suspend()) < 2:  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
+    # A fire is journaled, not a client's message: it does not wake the session.
+    assert (await control.ownership("ticking")).fence == "suspended"
+    assert (await control.wakes(after=0)).wakes == []
+    await control.resume("ticking", expect_epoch=2)
+    async with GatewayClient(url, created.agent_token) as agent:
+        _, released = await agent.owner_entries("ticking", epoch=2, after=0)
+    assert released >= max(await fired_since_suspend())

@@ -5,6 +5,10 @@ a real gateway, and clients posting all along."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +18,7 @@ from tests.kube.operator_world import Load, World, plugin, reply_counts, session
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(240)
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 async def _phase(world: World, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
@@ -105,6 +110,40 @@ async def test_an_idle_session_suspends_and_a_message_wakes_it_answered_once(
         assert "Ada" in reply["payload"]["content"]  # its memory came back with it
     reasons = [r for _, r, _ in await world.events("z2")]
     assert "Resumed" in reasons
+
+
+def _readme_block() -> list[list[str]]:
+    """The commands of the README's "Suspend and wake" block, as a shell splits them."""
+    section = README.read_text().split("\n### Suspend and wake\n", 1)[1].split("\n#", 1)[0]
+    [block] = re.findall(r"^```sh\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+    return [c for line in block.splitlines() if (c := shlex.split(line, comments=True))]
+
+
+async def test_the_readmes_suspend_and_wake_block_does_what_it_says(world: World) -> None:
+    """Each line carried out through the API as kubectl would (no kubectl binary speaks
+    to the emulator): a line of another shape fails the test, so the block cannot grow
+    a command this does not run."""
+    await world.apply(session_manifest("support-ada"))
+    await world.wait_running("support-ada", epoch=1)
+    for command in _readme_block():
+        match command:
+            case ["kubectl", "patch", "ags", name, "--type", "merge", "-p", patch]:
+                await world.raw.patch(world.path("agentsessions", name), json.loads(patch))
+            case ["kubectl", "wait", wanted, target, timeout] if wanted.startswith("--for="):
+                kind, _, name = target.partition("/")
+                assert kind in ("ags", "agentsession") and timeout.startswith("--timeout=")
+                seconds = float(timeout.removeprefix("--timeout=").removesuffix("s"))
+                condition = wanted.removeprefix("--for=")
+                if condition == "condition=Ready":
+                    await world.wait_running(name, timeout=seconds)
+                else:
+                    phase = condition.removeprefix("jsonpath={.status.phase}=")
+                    assert phase != condition, f"README: cannot carry out {command}"
+                    await _phase(world, name, phase, timeout=seconds)
+            case _:
+                raise AssertionError(f"README: a command this test does not run: {command}")
+    body = await world.session("support-ada")
+    assert body["spec"]["idleSuspendAfter"] == "15m" and body["status"]["epoch"] == 2
 
 
 async def _no_pods(world: World, name: str) -> bool:
