@@ -379,6 +379,13 @@ async def _suspended(
     namespace = session.metadata.namespace or "default"
     stored = None if session.status is None else session.status.suspension
     degraded = found[0] if found else None
+    if not suspensions.stays_suspended(session, ownership) and stored is None:
+        # The body may predate the pass that suspended it (a timer's, a wake's): the
+        # reason is in the status that pass wrote; read it before resuming.
+        fresh = await ctx.api.get(namespaced("agentsessions", namespace, session.metadata.name))
+        if fresh is not None:
+            session = session_model(fresh)
+            stored = None if session.status is None else session.status.suspension
     if suspensions.stays_suspended(session, ownership):
         return Observed(
             phase="Suspended",
