@@ -49,6 +49,10 @@ async def test_a_suspended_session_keeps_every_message_and_answers_each_once_on_
         assert status["suspension"]["reason"] == "Requested" and status["epoch"] == 2
         assert "ownerPod" not in status
         await eventually(lambda: _no_pods(world, "z1"), timeout=30)
+        # No owner on purpose: counted as Suspended, not as a session without owner.
+        registry = world.metrics.registry
+        assert registry.get_sample_value("shadowpod_sessions", {"phase": "Suspended"}) == 1
+        assert registry.get_sample_value("shadowpod_sessions_without_ready_owner") == 0
         # Suspended, on a node that is then cordoned: the messages keep coming.
         await world.raw.patch("/api/v1/nodes/node-1", {"spec": {"unschedulable": True}})
         before = load.load.verdict().accepted
