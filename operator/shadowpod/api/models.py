@@ -338,8 +338,9 @@ class SessionActivity(_Body):
     )
     last_message_at: str | None = None
     quiet_since: str = Field(
-        description="No client message since then (the latest one's time, or, when none is"
-        " among the recent entries, the oldest of those entries' or the session's creation)."
+        description="No client message since then: the latest one's time or the latest"
+        " resume's, whichever is later (when neither is among the recent entries, the oldest"
+        " of those entries' time, or the session's creation)."
     )
 
 

@@ -171,7 +171,8 @@ class GatewayClient:
             {"id": id, "content": content, "role": role, "meta": meta or {}}
         )
         params = {"wait": wait_s} if wait_s else None
-        timeout_s = REQUEST_TIMEOUT_S + wait_s
+        # The client's own timeout, unless it waits for an owner longer than that.
+        timeout_s = REQUEST_TIMEOUT_S + wait_s if wait_s else None
         return Accepted.model_validate(
             await self._call(
                 "POST",
