@@ -18,7 +18,10 @@ from tests.kube.operator_world import Load, World, plugin, reply_counts, session
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(240)
-README = Path(__file__).resolve().parents[2] / "README.md"
+# The README's block this file carries out on the emulator (tests/docs/test_blocks.py
+# reads these two names).
+README = "README.md"
+SECTION = "### Suspend and wake"
 
 
 async def _phase(world: World, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
@@ -118,7 +121,8 @@ async def test_an_idle_session_suspends_and_a_message_wakes_it_answered_once(
 
 def _readme_block() -> list[list[str]]:
     """The commands of the README's "Suspend and wake" block, as a shell splits them."""
-    section = README.read_text().split("\n### Suspend and wake\n", 1)[1].split("\n#", 1)[0]
+    text = (Path(__file__).resolve().parents[2] / README).read_text()
+    section = text.split(f"\n{SECTION}\n", 1)[1].split("\n#", 1)[0]
     [block] = re.findall(r"^```sh\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
     return [c for line in block.splitlines() if (c := shlex.split(line, comments=True))]
 
