@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -536,6 +537,38 @@ def _print_operator(report: dict[str, Any]) -> None:
             table.add_row(f"live {key}", str(live[key]))
     for name, target in report.get("targets", {}).items():
         table.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
+@bench.command("lifecycle")
+@click.option("--rounds", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/tmp/shadowpod-bench-lifecycle"),
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def lifecycle(rounds: int, workdir: Path, as_json: bool) -> None:
+    """Suspend a session and wake it with a message, ROUNDS times: the waking message's
+    reply latency against the new owner's cold start."""
+    from shadowpod.bench.lifecycle import LifecycleBenchConfig, run_lifecycle_bench
+
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    config = LifecycleBenchConfig(rounds=rounds, workdir=workdir)
+    _run_and_report("lifecycle", run_lifecycle_bench(config), _print_lifecycle, as_json, False)
+
+
+def _print_lifecycle(report: dict[str, Any]) -> None:
+    table = Table(title="suspend and wake")
+    table.add_column("figure")
+    table.add_column("p50 / p99 (ms)", justify="right")
+    for key in ("resume_latency_ms", "owner_start_ms", "suspend_ms"):
+        table.add_row(
+            key.removesuffix("_ms").replace("_", " "), "{p50} / {p99}".format(**report[key])
+        )
     Console().print(table)
     Console().print(f"machine: {_machine(report)}")
 

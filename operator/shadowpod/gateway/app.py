@@ -26,13 +26,23 @@ from shadowpod.gateway.errors import (
 )
 from shadowpod.gateway.metrics import GatewayMetrics
 from shadowpod.gateway.placement import PLACEMENT, Placement, placement_middleware
-from shadowpod.gateway.routes import channel, client, control, ops, owner, shadow, snapshots
+from shadowpod.gateway.routes import (
+    channel,
+    client,
+    control,
+    lifecycle,
+    ops,
+    owner,
+    shadow,
+    snapshots,
+)
 from shadowpod.gateway.server import GatewayRunner
 from shadowpod.journal.factory import store_from_url
 from shadowpod.journal.leases import SessionLeases
 from shadowpod.journal.store import JournalStore
 from shadowpod.sessions.fence import ExchangeFence
 from shadowpod.sessions.gates import SessionGates
+from shadowpod.sessions.lifecycle import SessionLifecycle, WakeFeed
 from shadowpod.sessions.schedules import ScheduleFirer
 
 logger = logging.getLogger(__name__)
@@ -43,6 +53,7 @@ ROUTE_TABLES = (
     shadow.routes,
     snapshots.routes,
     control.routes,
+    lifecycle.routes,
     ops.routes,
 )
 
@@ -64,6 +75,7 @@ LARGE_BODIES: Final = frozenset(
 CONTROL_BODIES: Final = frozenset(
     {"post_ack", "put_ownership", "fence", "unfence", "request_snapshot", "mint_owner_credential"}
 )
+LIFECYCLE_BODIES: Final = frozenset({"suspend", "resume"})
 
 
 def body_limits_by_route(config: GatewayConfig) -> dict[str, int]:
@@ -76,7 +88,7 @@ def body_limits_by_route(config: GatewayConfig) -> dict[str, int]:
                 limits[name] = config.max_snapshot_bytes
             elif name in LARGE_BODIES:
                 limits[name] = config.max_body_bytes
-            elif name in CONTROL_BODIES:
+            elif name in CONTROL_BODIES | LIFECYCLE_BODIES:
                 limits[name] = min(CONTROL_BODY_BYTES, config.max_body_bytes)
             else:
                 limits[name] = 0
@@ -98,14 +110,16 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
     store = store or store_from_url(config.journal_url)
     metrics = GatewayMetrics()
     gates = SessionGates(store, on_pause=metrics.fence_pause.observe, window=config.delivery_window)
+    fence = ExchangeFence(store, gates)
     gw = Gateway(
         config=config,
         store=store,
         auth=Authenticator(store, config.control_token_hashes, config.client_token_hashes),
         gates=gates,
-        fence=ExchangeFence(store, gates),
+        fence=fence,
         firer=ScheduleFirer(store, on_fire=metrics.schedule_fires.inc),
         metrics=metrics,
+        lifecycle=SessionLifecycle(store, gates, fence, WakeFeed()),
     )
     app = web.Application(
         # Routes stream their bodies with their own limits (read_raw_body); this only

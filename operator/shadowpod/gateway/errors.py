@@ -29,6 +29,7 @@ from shadowpod.journal.errors import (
     StoreUnavailable,
 )
 from shadowpod.sessions.fence import FenceTimeout
+from shadowpod.sessions.lifecycle import NotSuspended
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ STATUS_OF: Final[dict[type[ShadowpodError], int]] = {
     IdempotencyConflict: 409,
     EpochConflict: 409,
     FenceTimeout: 409,
+    NotSuspended: 409,
     InvalidOwnership: 400,
     InvalidSnapshot: 400,
     JournalTruncated: 410,

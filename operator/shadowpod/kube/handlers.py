@@ -38,7 +38,7 @@ from pydantic import ValidationError
 
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
-from shadowpod.kube import cleanup, migrations, names, sessions
+from shadowpod.kube import cleanup, migrations, names, sessions, wakes
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.config import OperatorConfig
 from shadowpod.kube.context import OperatorContext, backoff_key
@@ -119,6 +119,8 @@ class OperatorMemo:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     resources: AsyncExitStack = field(default_factory=AsyncExitStack)
     started: OperatorContext | None = None
+    # One long-poll of the gateway's wake feed, for every session.
+    wake_listener: asyncio.Task[None] | None = None
 
     @property
     def context(self) -> OperatorContext:
@@ -168,9 +170,14 @@ async def startup(memo: OperatorMemo, settings: kopf.OperatorSettings, **_: Any)
         GatewayClient(config.gateway_url, config.control_token)
     )
     memo.started = OperatorContext(KubeApi(api), admin, http, config, memo.metrics)
+    memo.wake_listener = asyncio.create_task(wakes.listen(memo.started), name="wake-listener")
 
 
 async def shutdown(memo: OperatorMemo, **_: Any) -> None:
+    if memo.wake_listener is not None:
+        memo.wake_listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await memo.wake_listener
     await memo.resources.aclose()
 
 
