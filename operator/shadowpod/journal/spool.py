@@ -8,12 +8,20 @@ one well-formed JSON value in UTF-8 and picks out the top-level ``watermark``) a
 zlib stream into a temporary file; the store then copies that file into its database
 a piece at a time. What a body costs in memory is a piece, not the document.
 
+One long string (a file an agent keeps in its memory) would undo that: yajl keeps an
+unfinished token and lexes it again from its start with every piece (a 20 MB string
+took 10 s, 250 MB would take hours), and ijson builds its value. So the spool follows
+whether a piece is inside a string (unescaped quotes, counted in C), and of a piece
+wholly inside one it hands the parser only the two ends: the middle is checked here
+(UTF-8, no control character, valid escapes) and never parsed.
+
 Synchronous (parser and compressor are C, and the caller runs ``feed`` on a thread):
 the event loop only hands pieces over.
 """
 
 from __future__ import annotations
 
+import re
 import tempfile
 import zlib
 from decimal import Decimal
@@ -26,6 +34,13 @@ from shadowpod.journal.codec import SNAPSHOT_COMPRESSION_LEVEL
 from shadowpod.journal.store import CompressedDocument
 
 _WHITESPACE: Final = b" \t\r\n"
+# A backslash and what it escapes (any byte: only pairing matters here).
+_ANY_ESCAPE: Final = re.compile(rb"\\.", re.DOTALL)
+_VALID_ESCAPE: Final = re.compile(rb'\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4})')
+_CONTROL: Final = bytes(range(0x20))
+# Eight printable ASCII bytes without a backslash: a place to cut a string's text
+# that splits no escape and no UTF-8 character.
+_PLAIN_RUN: Final = re.compile(rb"[\x20-\x5b\x5d-\x7e]{8}")
 # How JSON values other than an object begin (anything else is not JSON: the parser says).
 _OTHER_VALUES: Final = frozenset(b'["-0123456789tfn')
 # The parser is handed at most this much at a time: its events for a piece (a few per
@@ -59,6 +74,8 @@ class SnapshotSpool:
         self._parser = ijson.parse_coro(self._events)
         self._watermarks: list[Any] = []
         self._first: int | None = None  # the document's first non-blank byte
+        self._in_string = False  # where the text fed so far ends
+        self._escaping = False  # ... right after a backslash
         self.document_bytes = 0
         self._compressed_bytes = 0
 
@@ -73,8 +90,9 @@ class SnapshotSpool:
                     raise _not_an_object(self._first)
         self.document_bytes += len(piece)
         for start in range(0, len(piece), PARSE_PIECE_BYTES):
+            part = piece[start : start + PARSE_PIECE_BYTES]
             try:
-                self._parser.send(piece[start : start + PARSE_PIECE_BYTES])
+                self._parser.send(self._parsed_part(part))
             except ijson.JSONError as exc:
                 raise _not_json(exc) from None
             self._take_watermarks()
@@ -104,6 +122,27 @@ class SnapshotSpool:
     def close(self) -> None:
         self._file.close()
 
+    def _parsed_part(self, part: bytes) -> bytes:
+        """What of ``part`` the parser must see: all of it, or of a part wholly inside
+        a string, its two ends (the middle checked here)."""
+        escaped_first = self._escaping
+        unescaped = _ANY_ESCAPE.sub(b"", part[1:] if escaped_first else part)
+        quotes = unescaped.count(b'"')
+        inside = self._in_string and quotes == 0 and not escaped_first
+        self._in_string ^= bool(quotes & 1)
+        self._escaping = unescaped.endswith(b"\\")
+        if not inside or len(part) < 64:
+            return part
+        first = _PLAIN_RUN.search(part)
+        last = _PLAIN_RUN.search(part[::-1])
+        if first is None or last is None:
+            return part
+        cut, resume = first.end() - 1, len(part) - last.end() + 7
+        if resume <= cut:
+            return part
+        _check_string_text(part[cut:resume])
+        return part[:cut] + part[resume:]
+
     def _take_watermarks(self) -> None:
         events = self._events
         self._watermarks += [
@@ -117,6 +156,26 @@ class SnapshotSpool:
         if compressed:
             self._file.write(compressed)
             self._compressed_bytes += len(compressed)
+
+
+def _check_string_text(text: bytes) -> None:
+    """``text`` (from inside a string, cut where no escape or character is split) is
+    what JSON allows there."""
+    try:
+        text.decode()
+    except UnicodeDecodeError as exc:
+        raise DocumentRefused(
+            "MalformedJSON", f"the snapshot document is not valid JSON: not UTF-8 ({exc.reason})"
+        ) from None
+    if len(text.translate(None, _CONTROL)) != len(text):
+        raise DocumentRefused(
+            "MalformedJSON",
+            "the snapshot document is not valid JSON: a control character in a string",
+        )
+    if b"\\" in _VALID_ESCAPE.sub(b"", text):
+        raise DocumentRefused(
+            "MalformedJSON", "the snapshot document is not valid JSON: a bad escape in a string"
+        )
 
 
 def _is_int(value: Any) -> bool:
