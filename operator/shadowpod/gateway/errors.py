@@ -122,6 +122,8 @@ def field_errors(exc: ValidationError, prefix: str = "") -> list[FieldError]:
     return errors
 
 
+# The status of a request whose client hung up before it was answered (nginx's).
+CLIENT_CLOSED: Final = 499
 # Bodies larger than this (snapshots) are parsed off the event loop.
 LARGE_BODY: Final = 256 * 1024
 
@@ -167,6 +169,12 @@ async def read_body_pieces(
                 chunk = await request.content.readany()
         except TimeoutError:
             raise body_timeout(read, limits) from None
+        except ConnectionError:
+            # The client hung up mid-body: its doing, not the server's. Nobody reads
+            # the answer; its status (nginx's 499) keeps it out of the 5xx counts.
+            raise ApiError(
+                CLIENT_CLOSED, "ClientClosedRequest", f"the client left after {read} bytes"
+            ) from None
         if not chunk:
             return
         read += len(chunk)
