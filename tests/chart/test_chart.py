@@ -143,6 +143,27 @@ def test_sqlite_gateway_is_one_replica_on_a_kept_claim(defaults: Rendered) -> No
     assert pod["automountServiceAccountToken"] is False
 
 
+def test_the_gateway_memory_limit_holds_a_read_of_the_largest_snapshot(
+    defaults: Rendered,
+) -> None:
+    """A snapshot PUT streams (a few hundred KiB, whatever its size), but a read of one
+    holds it: the compressed row, the document and the answer built around it. The
+    memory limit must leave room for that above the gateway's working set, or the
+    largest snapshot the gateway accepts is one it cannot serve to a restore."""
+    container = defaults.container(GATEWAY)
+    args = container["args"]
+    max_snapshot = int(args[args.index("--max-snapshot-bytes") + 1])
+    limit = _bytes(container["resources"]["limits"]["memory"])
+    assert limit >= 256 * 2**20 + 3 * max_snapshot
+
+
+def _bytes(quantity: str) -> int:
+    for suffix, factor in (("Ki", 2**10), ("Mi", 2**20), ("Gi", 2**30)):
+        if quantity.endswith(suffix):
+            return int(quantity.removesuffix(suffix)) * factor
+    return int(quantity)
+
+
 async def test_postgresql_gateway_scales_and_reads_the_dsn_from_a_secret(helm: Helm) -> None:
     rendered = await helm.install(
         {

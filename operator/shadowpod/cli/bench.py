@@ -25,6 +25,7 @@ from shadowpod.bench.journal import (
     run_journal_comparison,
 )
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
+from shadowpod.bench.snapshot_upload import SnapshotBenchConfig, run_snapshot_bench
 from shadowpod.cli.errors import fail, interrupted
 from shadowpod.cli.subject import agent_options, agent_under_test
 from shadowpod.gates.policy import JudgeKind
@@ -128,6 +129,60 @@ def _print_journal(report: dict[str, Any]) -> None:
     table.add_row("bytes per entry", str(report["bytes_per_entry"]))
     for name, target in report.get("targets", {}).items():
         table.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
+@bench.command("snapshot")
+@click.option("--size-mib", default=250, show_default=True, type=click.IntRange(min=1))
+@click.option("--bystanders", default=4, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--compare-source",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Also measure a gateway run from this source tree (e.g. a checkout of main).",
+)
+@_workdir("Where the gateway's journal is created (default: the system temp dir).")
+@click.option("--quick", is_flag=True, help="Tiny sizes: checks that it runs, figures mean little.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def snapshot(
+    size_mib: int,
+    bystanders: int,
+    compare_source: Path | None,
+    workdir: Path | None,
+    quick: bool,
+    as_json: bool,
+) -> None:
+    """One large snapshot PUT to a gateway: its peak RSS, other sessions' post latency."""
+    options: dict[str, Any] = {"compare_source": compare_source, "workdir": workdir}
+    config = (
+        SnapshotBenchConfig.quick(**options)
+        if quick
+        else SnapshotBenchConfig(size_mib=size_mib, bystanders=bystanders, **options)
+    )
+    _run_and_report("snapshot", run_snapshot_bench(config), _print_snapshot, as_json, False)
+
+
+def _posts(phase: str, figure: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda run: run["other_sessions_post_latency"][phase].get(figure)
+
+
+def _print_snapshot(report: dict[str, Any]) -> None:
+    table = Table(title=f"one {report['size_mib']} MiB snapshot PUT to a gateway (SQLite)")
+    table.add_column("figure")
+    for run in report["runs"]:
+        table.add_column(run["source"], justify="right")
+    rows: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+        ("answer", lambda r: r["upload"]["status"]),
+        ("upload s", lambda r: r["upload"]["seconds"]),
+        ("gateway RSS resting MiB", lambda r: r["gateway_rss_mib"]["resting"]),
+        ("gateway RSS peak MiB", lambda r: r["gateway_rss_mib"]["peak"]),
+    ]
+    for phase in ("before_upload", "during_upload"):
+        for figure in ("p50_ms", "p99_ms", "max_ms", "failures"):
+            rows.append((f"other posts {phase.replace('_', ' ')} {figure}", _posts(phase, figure)))
+    for name, value in rows:
+        table.add_row(name, *(str(value(run)) for run in report["runs"]))
     Console().print(table)
     Console().print(f"machine: {_machine(report)}")
 

@@ -44,6 +44,7 @@ from shadowpod.engine.ports import (
 from shadowpod.kube import manifests, names
 from shadowpod.kube.api import AlreadyExists, KubeApi, KubeError, namespaced
 from shadowpod.kube.context import OperatorContext
+from shadowpod.kube.credentials import give_owner_credential
 from shadowpod.kube.models.v1alpha1 import AgentSession
 from shadowpod.kube.runtime import PodRuntime
 
@@ -197,6 +198,9 @@ class PodCheckpointer:
         )
         pod["metadata"]["annotations"][RESTORED_FROM_ANNOTATION] = f"{KIND}/{ref['name']}"
         pod["spec"] = await self._restore_spec(taken, ref)
+        await give_owner_credential(
+            self.ctx.api, self.namespace, self.session.metadata.name or "", spec.session, spec.name
+        )
         try:
             await self.ctx.api.create(namespaced("pods", self.namespace), pod)
         except AlreadyExists:

@@ -48,6 +48,7 @@ from shadowpod.kube import conditions, manifests, names, suspensions, validation
 from shadowpod.kube.api import AlreadyExists, namespaced
 from shadowpod.kube.comparisons import warm_semantic_judge
 from shadowpod.kube.context import Failure, OperatorContext, backoff_key
+from shadowpod.kube.credentials import give_owner_credential, owner_key_of
 from shadowpod.kube.models.conditions import ConditionStatus
 from shadowpod.kube.models.v1alpha1 import (
     AgentSession,
@@ -62,7 +63,7 @@ from shadowpod.kube.models.v1alpha1 import (
 from shadowpod.kube.models.v1alpha1.policy import EvictionStrategy
 from shadowpod.kube.records import summary_of
 from shadowpod.kube.runtime import image_problem
-from shadowpod.sessions.tokens import new_token, token_hash
+from shadowpod.sessions.tokens import new_owner_key, new_token, token_hash
 
 logger = logging.getLogger("shadowpod.operator")
 
@@ -156,26 +157,40 @@ def unfinished(migration: dict[str, Any]) -> bool:
     return phase not in FINISHED and not migration["metadata"].get("deletionTimestamp")
 
 
-async def ensure_token_secret(ctx: OperatorContext, session: AgentSession) -> str:
-    """The agent token, from the session's Secret (made, with a new token, if missing)."""
+async def ensure_token_secret(ctx: OperatorContext, session: AgentSession) -> tuple[str, str]:
+    """The agent token and the owner key, from the session's Secret (made, with a new
+    token and key, if missing; a Secret made before owner keys is given one)."""
     namespace = session.metadata.namespace or "default"
     name = names.token_secret(session.metadata.name or "")
     path = namespaced("secrets", namespace, name)
     secret = await ctx.api.get(path)
     if secret is None:
         body = manifests.token_secret(
-            session, token=new_token(), gateway_url=ctx.config.agent_gateway_url
+            session,
+            token=new_token(),
+            gateway_url=ctx.config.agent_gateway_url,
+            owner_key=new_owner_key(),
         )
         try:
             secret = await ctx.api.create(namespaced("secrets", namespace), body)
         except AlreadyExists:
             secret = await ctx.api.get(path)
+    if secret is not None and owner_key_of(secret) is None:
+        key = base64.b64encode(new_owner_key().encode()).decode()
+        secret = await ctx.api.patch(path, {"data": {names.OWNER_KEY_KEY: key}})
     if secret is None:
         raise GatewayUnavailable(f"the Secret {name} vanished while it was made")
-    return base64.b64decode(secret["data"][names.TOKEN_KEY]).decode()
+    owner_key = owner_key_of(secret)
+    assert owner_key is not None
+    return base64.b64decode(secret["data"][names.TOKEN_KEY]).decode(), owner_key
 
 
-async def ensure_gateway_session(ctx: OperatorContext, session: AgentSession, token: str) -> None:
+async def ensure_gateway_session(
+    ctx: OperatorContext, session: AgentSession, token: str, owner_key: str
+) -> None:
+    """The session in the gateway, with the owner key: owner writes then need the
+    credential of the pod the ownership record names (``kube.credentials``). A session
+    the gateway already has keeps what it was made with."""
     request = CreateSession(
         session=gateway_id(session),
         meta={"namespace": session.metadata.namespace or "", "name": session.metadata.name or ""},
@@ -188,6 +203,7 @@ async def ensure_gateway_session(ctx: OperatorContext, session: AgentSession, to
             for s in session.spec.schedules
         ],
         agent_token_sha256=token_hash(token),
+        owner_key=owner_key,
     )
     try:
         await gateway_call(ctx, lambda: ctx.admin.create_session(request))
@@ -295,8 +311,8 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     # a steady pass only looks at the owner (thousands of sessions, every few seconds).
     established = status.get("epoch") is not None and status.get("observedGeneration") == generation
     if not established:
-        token = await ensure_token_secret(ctx, session)
-        await ensure_gateway_session(ctx, session, token)
+        token, owner_key = await ensure_token_secret(ctx, session)
+        await ensure_gateway_session(ctx, session, token, owner_key)
     gid = gateway_id(session)
     ownership = await gateway_call(ctx, lambda: ctx.admin.ownership(gid))
     if ownership.epoch == 0:
@@ -437,6 +453,9 @@ async def _create_owner(
     namespace = session.metadata.namespace or "default"
     pod = manifests.agent_pod(
         session, instance=instance, gateway_session=gateway_id(session), mode="owner", epoch=epoch
+    )
+    await give_owner_credential(
+        ctx.api, namespace, session.metadata.name or "", gateway_id(session), instance
     )
     try:
         return await ctx.api.create(namespaced("pods", namespace), pod)

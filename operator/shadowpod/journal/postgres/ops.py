@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,6 +46,7 @@ from shadowpod.journal.postgres.schema import (
 from shadowpod.journal.store import (
     MAX_SNAPSHOTS_PER_SESSION,
     Appended,
+    CompressedDocument,
     Retention,
     SessionInfo,
     Snapshot,
@@ -58,6 +60,9 @@ _SESSION_COLUMNS: Final = (
     "sid, name, created, meta, head, truncated_through, epoch, owner, fence, fence_seq, "
     "ownership_updated"
 )
+
+# Binary COPY's signature, flags and header extension (PostgreSQL's COPY, "Binary Format").
+_COPY_HEADER: Final = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 
 
 def _session_info(row: TupleRow) -> SessionInfo:
@@ -398,10 +403,14 @@ class Statements:
         session: str,
         watermark: int,
         schema_version: int,
-        blob: bytes,
+        blob: bytes | CompressedDocument,
         owner_epoch: int | None = None,
         owner: str | None = None,
     ) -> SnapshotInfo:
+        """``blob``: the compressed document, or a file of it, streamed to the server
+        (binary COPY into a table of this transaction) before the session is locked."""
+        if isinstance(blob, CompressedDocument):
+            await self._copy_in(conn, blob)
         row = await self._row(conn, session, lock=True)
         sid = row[0]
         check_writer(session, row[6], row[7], owner_epoch, owner)
@@ -418,13 +427,16 @@ class Statements:
         ).fetchone()
         if newer is not None and newer[0] >= MAX_SNAPSHOTS_PER_SESSION:
             raise SnapshotTooOld(session, watermark=watermark, kept=MAX_SNAPSHOTS_PER_SESSION)
+        streamed = isinstance(blob, CompressedDocument)
+        data = "(SELECT data FROM pg_temp.snapshot_upload)" if streamed else "%s"
         created = await (
             await conn.execute(
                 f"INSERT INTO {self.s}.snapshots (sid, watermark, schema_version, created, data) "
-                "VALUES (%s, %s, %s, clock_timestamp(), %s) ON CONFLICT (sid, watermark) DO UPDATE "
+                f"VALUES (%s, %s, %s, clock_timestamp(), {data}) "
+                "ON CONFLICT (sid, watermark) DO UPDATE "
                 "SET schema_version = excluded.schema_version, created = excluded.created, "
                 "data = excluded.data RETURNING created",
-                (sid, watermark, schema_version, blob),
+                (sid, watermark, schema_version) + (() if streamed else (blob,)),
             )
         ).fetchone()
         assert created is not None
@@ -438,9 +450,21 @@ class Statements:
             session=session,
             watermark=watermark,
             schema_version=schema_version,
-            size_bytes=len(blob),
+            size_bytes=blob.size_bytes if isinstance(blob, CompressedDocument) else len(blob),
             created=created[0],
         )
+
+    async def _copy_in(self, conn: Conn, document: CompressedDocument) -> None:
+        """``document`` into ``pg_temp.snapshot_upload`` (dropped at the transaction's
+        end), a piece at a time: binary COPY takes a value's length up front and its
+        bytes as they come, where a bound parameter would be the whole value."""
+        await conn.execute("CREATE TEMP TABLE snapshot_upload (data bytea) ON COMMIT DROP")
+        cursor = conn.cursor()
+        async with cursor.copy("COPY snapshot_upload (data) FROM STDIN (FORMAT BINARY)") as copy:
+            await copy.write(_COPY_HEADER + struct.pack(">hi", 1, document.size_bytes))
+            for piece in document.pieces():
+                await copy.write(piece)
+            await copy.write(struct.pack(">h", -1))
 
     async def get_snapshot(self, conn: Conn, session: str, watermark: int | None) -> Snapshot:
         sid = (await self._row(conn, session, lock=False))[0]

@@ -52,6 +52,7 @@ from shadowpod.journal.postgres.listener import NotificationListener
 from shadowpod.journal.postgres.schema import check_schema_name, init_schema
 from shadowpod.journal.store import (
     Appended,
+    CompressedDocument,
     Retention,
     SessionInfo,
     Snapshot,
@@ -281,14 +282,18 @@ class PostgresJournalStore:
         *,
         watermark: int,
         schema_version: int,
-        document_json: bytes,
+        document_json: bytes | CompressedDocument,
         owner_epoch: int | None = None,
         owner: str | None = None,
     ) -> SnapshotInfo:
         check_seq("watermark", watermark)
         check_schema_version(schema_version)
         check_owner_epoch(owner_epoch)
-        blob = await asyncio.to_thread(codec.compress_document, document_json)
+        blob = (
+            document_json
+            if isinstance(document_json, CompressedDocument)
+            else await asyncio.to_thread(codec.compress_document, document_json)
+        )
         async with self._tx() as conn:
             return await self._ops.put_snapshot(
                 conn, session, watermark, schema_version, blob, owner_epoch, owner
