@@ -40,13 +40,18 @@ class GatewayProcess:
     """``start()`` launches and waits for ``/readyz``; ``stop()`` sends SIGTERM (or SIGKILL)."""
 
     def __init__(
-        self, workdir: Path, *, journal_url: str | None = None, port: int | None = None
+        self,
+        workdir: Path,
+        *,
+        journal_url: str | None = None,
+        port: int | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         # Absolute: sqlite:/// + a relative path would name a file under the root.
         self.workdir = workdir.absolute()
         self.journal_url = journal_url or f"sqlite://{self.workdir / 'journal.db'}"
-        self.host = "127.0.0.1"
-        self.port = port or free_port()
+        self.host = host
+        self.port = port or free_port(host)
         self.control_token = secrets.token_urlsafe(24)
         self.log = workdir / "gateway.log"
         self.process: asyncio.subprocess.Process | None = None
