@@ -628,6 +628,86 @@ def _print_lifecycle(report: dict[str, Any]) -> None:
     Console().print(f"machine: {_machine(report)}")
 
 
+@bench.command("cluster")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("/var/lib/shadowpod-cluster/admin.kubeconfig"),
+    show_default=True,
+    help="The cluster's kubeconfig (by default `make cluster`'s).",
+)
+@click.option(
+    "--gateway-host",
+    default="10.87.0.1",
+    show_default=True,
+    help="Where the gateway listens: an address of this machine the cluster's pods reach "
+    "(`make cluster`'s API server address).",
+)
+@click.option("--sessions", default=100, show_default=True, type=click.IntRange(min=1))
+@click.option("--rate", default=10.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option(
+    "--idle-sessions",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Sessions the second idle cost is measured at (their pods beyond what the nodes "
+    "run stay Pending).",
+)
+@click.option("--window", "window_s", default=60.0, show_default=True, type=float)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/tmp/shadowpod-bench-cluster"),
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def cluster(
+    kubeconfig: Path,
+    gateway_host: str,
+    sessions: int,
+    rate: float,
+    idle_sessions: int,
+    window_s: float,
+    workdir: Path,
+    as_json: bool,
+) -> None:
+    """The operator on a real API server with real kubelets: create → owner Pod and →
+    Running, image change → AgentMigration (p50/p99), and the API requests a second
+    idle sessions cost, from the API server's apiserver_request_total."""
+    from shadowpod.bench.cluster import ClusterBenchConfig, run_cluster_bench
+
+    config = ClusterBenchConfig(
+        kubeconfig=kubeconfig,
+        gateway_host=gateway_host,
+        sessions=sessions,
+        rate=rate,
+        idle_sessions=idle_sessions,
+        window_s=window_s,
+        workdir=workdir,
+    )
+    _run_and_report("cluster", run_cluster_bench(config), _print_cluster, as_json, False)
+
+
+def _print_cluster(report: dict[str, Any]) -> None:
+    table = Table(title="operator on a real cluster")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    reaction = report["reaction"]
+    for name in ("create_to_owner_pod_s", "create_to_running_s", "image_change_to_migration_s"):
+        figure = reaction[name]
+        table.add_row(
+            name.replace("_", " ") + " p50 / p99",
+            f"{figure['p50']} / {figure['p99']} (n={figure['n']})",
+        )
+    for idle in report["idle"]:
+        table.add_row(
+            f"API requests/s for {idle['sessions']} idle sessions (per session)",
+            f"{idle['operator_requests_per_s']} ({idle['operator_requests_per_s_per_session']})",
+        )
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
 @bench.command("langgraph")
 @click.option(
     "--turns",

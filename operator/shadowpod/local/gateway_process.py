@@ -48,14 +48,15 @@ class GatewayProcess:
         port: int | None = None,
         control_token: str | None = None,
         extra_args: Sequence[str] = (),
+        host: str = "127.0.0.1",
     ) -> None:
         """``control_token``: replicas of one deployment share one; ``extra_args`` are
         passed on to ``shadowpod gateway``."""
         # Absolute: sqlite:/// + a relative path would name a file under the root.
         self.workdir = workdir.absolute()
         self.journal_url = journal_url or f"sqlite://{self.workdir / 'journal.db'}"
-        self.host = "127.0.0.1"
-        self.port = port or free_port()
+        self.host = host
+        self.port = port or free_port(host)
         self.control_token = control_token or secrets.token_urlsafe(24)
         self.extra_args = tuple(extra_args)
         self.log = workdir / "gateway.log"
