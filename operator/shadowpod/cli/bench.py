@@ -537,65 +537,6 @@ def _machine(report: dict[str, Any]) -> str:
     return line
 
 
-@bench.command("operator")
-@click.option("--sessions", default=1000, show_default=True, type=click.IntRange(min=1))
-@click.option(
-    "--bumped",
-    default=100,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Sessions whose image is bumped, timed to their AgentMigration.",
-)
-@click.option(
-    "--migrations",
-    default=50,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Sessions migrated live at once with real agents (0: none).",
-)
-@click.option(
-    "--workdir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("/tmp/shadowpod-bench-operator"),
-    show_default=True,
-)
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
-def operator(
-    sessions: int, bumped: int, migrations: int, workdir: Path, as_json: bool, check: bool
-) -> None:
-    """The operator at scale on the emulated API: RSS, create→Running, bump→migration,
-    and concurrent live migrations with the real data plane. Runs from a checkout."""
-    from shadowpod.bench.operator import OperatorBenchConfig, run_operator_bench
-
-    config = OperatorBenchConfig(
-        sessions=sessions, bumped=min(bumped, sessions), migrations=migrations, workdir=workdir
-    )
-    _run_and_report("operator", run_operator_bench(config), _print_operator, as_json, check)
-
-
-def _print_operator(report: dict[str, Any]) -> None:
-    table = Table(title="operator benchmark")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    scale = report["scale"]
-    table.add_row("sessions Running", f"{scale['running']} / {scale['sessions']}")
-    table.add_row(
-        "operator RSS (MB), idle → loaded",
-        f"{scale['operator_rss_mb_idle']} → {scale['operator_rss_mb']}",
-    )
-    for name in ("create_to_running_s", "bump_to_migration_s"):
-        table.add_row(name.replace("_", " ") + " p50 / p99", "{p50} / {p99}".format(**scale[name]))
-    live = report.get("live") or {}
-    for key in ("migrations", "succeeded", "lost", "duplicated", "reordered", "wall_s"):
-        if key in live:
-            table.add_row(f"live {key}", str(live[key]))
-    for name, target in report.get("targets", {}).items():
-        table.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))
-    Console().print(table)
-    Console().print(f"machine: {_machine(report)}")
-
-
 @bench.command("lifecycle")
 @click.option("--rounds", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option(
