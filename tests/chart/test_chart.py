@@ -371,7 +371,8 @@ def test_rbac_cluster_wide_by_default_without_node_proxy(defaults: Rendered) -> 
     # Watched: the operator's handler of agent pods' events (a real API server refuses
     # the watch without it, and the operator stops).
     assert grants(sessions, "pods") == {"get", "list", "watch", "create", "patch", "delete"}
-    assert grants(sessions, "secrets") == {"get", "create"}
+    # Each agent pod's owner credential is patched into the session's Secret.
+    assert grants(sessions, "secrets") == {"get", "create", "patch"}
     # Golden sessions read, the answers an upgrade gate compared written.
     assert grants(sessions, "configmaps") == {"get", "create", "patch"}
     assert grants(sessions, "agentsessions") == {"get", "list", "watch", "patch"}
