@@ -110,7 +110,9 @@ cluster-down:
 cluster-kube-test: $(STAMP)
 	hack/cluster/up >/dev/null
 	SHADOWPOD_TEST_KUBECONFIG=/var/lib/shadowpod-cluster/admin.kubeconfig \
-		$(BIN)/pytest -p no:cacheprovider -q -k real-cluster tests/kube
+		$(BIN)/pytest -p no:cacheprovider -q -k real-cluster tests/kube \
+		-W "ignore:Unclosed connector:ResourceWarning" \
+		-W "ignore:Unclosed client session:ResourceWarning"
 
 # The end-to-end suite on that cluster (e2e/, docs/e2e.md): the images, the cluster,
 # `helm install`, the README's Kubernetes steps, live migrations, drains, failures.

@@ -37,6 +37,10 @@ async def _mode(world: World, name: str, mode: str) -> None:
     await world.raw.patch(world.path("agentsessions", name), {"spec": {"operatingMode": mode}})
 
 
+@pytest.mark.stand_in(
+    "it adds the node to resume on through the stand-in (kubelet.add_node) and cordons the "
+    "first; its real-cluster variant, on make cluster's two nodes, is not written yet"
+)
 async def test_a_suspended_session_keeps_every_message_and_answers_each_once_on_resume(
     world: World, kubelet: Kubelet
 ) -> None:
