@@ -367,9 +367,11 @@ def _print_result(record: MigrationRecord, console: Console) -> None:
 @workdir_option
 @click.option("--session", help="The session (default: the deployment's only one).")
 def suspend(workdir: Path, session: str | None) -> None:
-    """Suspend the session of a running `shadowpod up`: its owner fenced out after a
-    final snapshot and stopped; messages keep being journaled and the first one wakes
-    it. Exits 0 when suspended, 2 when it cannot be (not running, busy, suspended)."""
+    """Suspend the session of a running `shadowpod up`; a message wakes it.
+
+    Its owner is fenced out after a final snapshot and stopped; messages keep being
+    journaled and the first one wakes it. Exits 0 when suspended, 2 when it cannot be
+    (not running, busy, suspended)."""
     answer = eventloop.run(_lifecycle(workdir, "suspend", session))
     click.echo(f"session {answer['session']} suspended (final snapshot at {answer['snapshot']})")
 
@@ -378,8 +380,9 @@ def suspend(workdir: Path, session: str | None) -> None:
 @workdir_option
 @click.option("--session", help="The session (default: the deployment's only one).")
 def resume(workdir: Path, session: str | None) -> None:
-    """Resume a suspended session of a running `shadowpod up`: a new owner from the
-    snapshot and the journal answers what waited, in order."""
+    """Resume a suspended session of a running `shadowpod up`.
+
+    A new owner from the snapshot and the journal answers what waited, in order."""
     answer = eventloop.run(_lifecycle(workdir, "resume", session))
     click.echo(f"session {answer['session']} resumed: owner {answer['owner']}")
 
