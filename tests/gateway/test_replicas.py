@@ -189,6 +189,17 @@ async def _post(replicas: Replicas, n: int) -> float:
         await asyncio.sleep(0.05)
 
 
+async def _all_acked(replicas: Replicas, agent_token: str, count: int) -> list[JournalEntry]:
+    """The journal once every one of ``count`` messages is acked (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while True:
+        entries = await _journal(replicas, agent_token)
+        if len([e for e in entries if e.kind == "ack"]) == count:
+            return entries
+        assert time.monotonic() < deadline, _summary(entries)
+        await asyncio.sleep(0.2)
+
+
 async def _journal(replicas: Replicas, agent_token: str) -> list[JournalEntry]:
     url = replicas.urls[replicas.alive()[0]]
     async with GatewayClient(url, agent_token, timeout_s=30) as agent:
@@ -242,13 +253,7 @@ async def test_requests_through_any_replica_reach_the_sessions_holder_and_the_fe
     try:
         for n in range(count // 2, count):
             await _post(replicas, n)
-        deadline = time.monotonic() + 30
-        while True:
-            entries = await _journal(replicas, agent_token)
-            if len([e for e in entries if e.kind == "ack"]) == count:
-                break
-            assert time.monotonic() < deadline, _summary(entries)
-            await asyncio.sleep(0.2)
+        entries = await _all_acked(replicas, agent_token, count)
     finally:
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -280,13 +285,7 @@ async def test_the_holder_killed_under_load_loses_nothing_and_another_takes_over
         replicas.dead.add(victim)
         for n in range(killed_at, count):
             took.append(await _post(replicas, n))
-        deadline = time.monotonic() + 30
-        while True:
-            entries = await _journal(replicas, agent_token)
-            if len([e for e in entries if e.kind == "ack"]) == count:
-                break
-            assert time.monotonic() < deadline, _summary(entries)
-            await asyncio.sleep(0.2)
+        entries = await _all_acked(replicas, agent_token, count)
     finally:
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -318,13 +317,7 @@ async def test_a_holder_stopped_with_sigterm_hands_its_session_over_before_it_ex
         assert await replicas.holder() != holder
         for n in range(stopped_at, count):
             await _post(replicas, n)
-        deadline = time.monotonic() + 30
-        while True:
-            entries = await _journal(replicas, agent_token)
-            if len([e for e in entries if e.kind == "ack"]) == count:
-                break
-            assert time.monotonic() < deadline, _summary(entries)
-            await asyncio.sleep(0.2)
+        entries = await _all_acked(replicas, agent_token, count)
     finally:
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
