@@ -131,6 +131,20 @@ def plan_removal(
 REFS: Final = "$refs"  # a stored value's wrapper naming the logs it refers to
 
 
+ITEM_REF: Final = "$item"  # a pending write's reference to a log item, unwrapped
+
+
+def written_logs(value: Any) -> list[tuple[str, int]]:
+    """The logs a pending write's value refers to by item references at its top (a
+    write that is a log item, or a list of them: not wrapped in ``$refs``)."""
+    found = value if type(value) is list else [value]
+    return [
+        (str(item[ITEM_REF][0]), int(item[ITEM_REF][1]))
+        for item in found
+        if type(item) is dict and ITEM_REF in item and len(item) == 1
+    ]
+
+
 def referenced_logs(
     data: dict[str, Any],
     kept: set[str],
@@ -154,7 +168,10 @@ def referenced_logs(
             if cid in kept:
                 for write in writes.values():
                     # [task, channel, value, path, index], or since 27 Nov without the task
-                    note(write[2] if len(write) == 5 else write[1])
+                    value = write[2] if len(write) == 5 else write[1]
+                    note(value)
+                    for channel, log_no in written_logs(value):
+                        found.setdefault(str(channel), set()).add(int(log_no))
     for channel, stored in data["channels"].items():
         wanted = live.get(channel, set())
         read = set((read_by_headers or {}).get(channel, ()))

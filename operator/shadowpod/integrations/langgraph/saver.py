@@ -533,11 +533,15 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         for start in range(0, len(encoded), CHUNK):
             writer.append(at, encoded[start : start + CHUNK])
 
-    def _encode(self, value: Any, thread: str, ns: str, data: dict[str, Any]) -> JsonValue:
+    def _encode(
+        self, value: Any, thread: str, ns: str, data: dict[str, Any], *, bare: bool = False
+    ) -> JsonValue:
         """``value`` as JSON, a list in it that starts with the items of one of this
         namespace's channel logs stored as a reference to them, and an item the last
         ``put`` appended to a log (``_fresh``) as a reference to it (wrapped with the
-        logs it refers to: see the module's docstring)."""
+        logs it refers to: see the module's docstring). ``bare``: a pending write's
+        value, which is not wrapped when it is an item reference or a list of them and
+        items (retention finds those: ``retention.written_logs``)."""
         if type(value) not in (list, dict, Send) and id(value) not in self._fresh:
             return self.codec.encode(value)
         last_logs = [
@@ -574,10 +578,14 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             _, channel, log_no, index = found
             if [channel, log_no] not in used:
                 used.append([channel, log_no])
+            item_refs.append(1)
             ref: JsonValue = {ITEM_REF: [channel, log_no, index]}
             return ref
 
+        item_refs: list[int] = []
         encoded = self.codec.encode(value, reference, appended if self._fresh else None)
+        if bare and used and len(item_refs) == len(_top_item_refs(encoded)):
+            return encoded  # item references only, where retention looks for them
         if not used:
             return encoded
         wrapped: JsonValue = {REFS: used, "$value": encoded}  # type: ignore[dict-item]
@@ -630,7 +638,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             data = self._thread(thread, ns)
             assert data is not None
             encoded = {
-                key: [channel, self._encode(value, thread, ns, data), task_path, index]
+                key: [channel, self._encode(value, thread, ns, data, bare=True), task_path, index]
                 for key, (channel, value, task_path, index) in writes.items()
             }
             at = bucket(checkpoint_id)
@@ -849,6 +857,12 @@ def _write(key: str, stored: list[Any]) -> tuple[str, str, Any, str, int]:
     if len(stored) == 5:
         return (stored[0], stored[1], stored[2], stored[3], stored[4])
     return (key.rsplit(":", 1)[0], stored[0], stored[1], stored[2], stored[3])
+
+
+def _top_item_refs(encoded: Any) -> list[Any]:
+    """The item references (``{"$item": ...}``) that ``encoded`` is or holds at its top."""
+    found = encoded if type(encoded) is list else [encoded]
+    return [item for item in found if type(item) is dict and ITEM_REF in item and len(item) == 1]
 
 
 def _inline(known: dict[str, JsonValue]) -> JsonValue | None:
