@@ -423,9 +423,10 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             assert data is not None
         parent_id = config["configurable"].get("checkpoint_id")
         for channel, version in checkpoint["channel_versions"].items():
-            if channel not in known_by_channel and (
-                found := _known_in_headers(data, parent_id, channel, version)
-            ) is not None:
+            if (
+                channel not in known_by_channel
+                and (found := _known_in_headers(data, parent_id, channel, version)) is not None
+            ):
                 known_by_channel[channel] = found
         # The parent's pending writes, now that the items they wrote are in the logs:
         # an item both written and appended is stored once (``_flush_writes``).
@@ -518,8 +519,8 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         self._touched.add(key)
         return {"log": log_no + 1, "len": len(value)}
 
-    def _note_fresh(self, channel: str, log_no: int, start: int, items: list[Any]) -> None:
-        """Items just appended to a log, which a pending write may refer to (``_flush``)."""
+    def _note_fresh(self, channel: str, log_no: int, start: int, items: JsonList) -> None:
+        """Items just appended to a log, which a pending write may refer to (``_flush_writes``)."""
         for index, item in enumerate(items, start):
             if type(item) not in _SCALARS:
                 self._fresh[id(item)] = (item, channel, log_no, index)
