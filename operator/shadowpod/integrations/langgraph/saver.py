@@ -12,7 +12,15 @@ writes them as deltas, so one more turn costs the same at turn 10 and at turn
   versions is a length of that log: a version that extends the last one appends its
   new items, one that shrank is a shorter length, anything else starts a new log;
 - any other channel version is stored as its value;
-- pending writes are stored under their checkpoint, by task and index.
+- what a channel version holds, when small (a log's length, an empty channel, a
+  scalar), is in the header of each checkpoint that has it (``held``), not an entry
+  per channel and version of its own (which pruning would delete again one by one);
+- pending writes are stored under their checkpoint, by task and index, once per
+  checkpoint: held until the next ``put`` (or the turn's end, a tool call's save
+  point), so that an item both written and then appended to a log — each step's new
+  message, a ``Send`` — is stored once, in the log, and referred to by the write;
+- ``latest`` is journaled once per save (the turn's end, a tool call's save point),
+  not at every step.
 
 The maps that grow with the conversation (headers and writes by checkpoint id,
 channel versions) are split into ``BUCKETS`` fixed buckets by a stable hash of
