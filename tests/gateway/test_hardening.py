@@ -202,7 +202,7 @@ async def test_an_ack_beyond_the_head_is_refused_naming_turn(
         token=owned.agent_token,
         json={"epoch": 1, "turn": 99},
     )
-    assert_error(reply, 400, "InvalidTurn")
+    assert_error(reply, 409, "InvalidTurn")
     assert reply.locs == ["turn"]
     status = await call(http, "GET", f"{url}/v1/sessions/{owned.name}")
     assert status.json["acked"] == 0  # nothing reported as acked
