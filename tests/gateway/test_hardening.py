@@ -285,7 +285,7 @@ async def test_odd_resume_points_and_watermarks_are_400(
     assert snapshot.locs == ["watermark"]
 
 
-ODD: list[Any] = [2**63, 2**64, -1, True, "7", 1.0, None]
+ODD: list[Any] = [2**63, 2**64, -1, True, "7", 1.5, None]
 BODY_CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("POST", "journal", {"epoch": 1, "entries": []}, "epoch"),
     ("POST", "journal", {"epoch": 1, "entries": [], "after": 0}, "after"),
