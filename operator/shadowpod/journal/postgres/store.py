@@ -55,6 +55,7 @@ from shadowpod.journal.store import (
     CompressedDocument,
     Retention,
     SessionInfo,
+    SessionPosition,
     Snapshot,
     SnapshotInfo,
     Writer,
@@ -181,6 +182,10 @@ class PostgresJournalStore:
     async def list_sessions(self) -> list[SessionInfo]:
         async with self._tx() as conn:
             return await self._ops.list_sessions(conn)
+
+    async def positions(self) -> list[SessionPosition]:
+        async with self._tx() as conn:
+            return await self._ops.positions(conn)
 
     async def delete_session(self, session: str) -> None:
         async with self._tx() as conn:
