@@ -85,6 +85,7 @@ class World:
         self._nodes = nodes
         self.metrics = OperatorMetrics()
         self.operator: OperatorThread | None = None
+        self.memo: OperatorMemo | None = None  # the running operator's
         # The CRIU path: the operator's --criu and --checkpoint-registry.
         self.criu = False
         self.checkpoint_registry: str | None = None
@@ -111,11 +112,9 @@ class World:
 
     async def start_operator(self) -> None:
         config = self.config()
+        self.memo = OperatorMemo(config, self.metrics)
         self.operator = OperatorThread(
-            registry(config),
-            self.kube,
-            namespaces=[self.namespace],
-            memo=OperatorMemo(config, self.metrics),
+            registry(config), self.kube, namespaces=[self.namespace], memo=self.memo
         )
         await self.operator.start()
 

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict
 
 from shadowpod.domain.bounds import INT64_MAX, Boolean, EntrySeq, Epoch, Integer, OwnerEpoch, Seq
 from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
-from shadowpod.domain.ownership import Ownership
+from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.domain.payloads import (
     MAX_SCHEDULE_CONTENT,
     MAX_SCHEDULES_PER_SESSION,
@@ -241,6 +241,21 @@ class SessionSummary(_Body):
     session: str
     head: int
     created: str
+
+
+class SessionPosition(_Body):
+    session: str
+    head: int
+    acked: int = Field(description="Last inbound seq processed, by any epoch (0: none).")
+    epoch: int
+    fence: FenceState
+
+
+class SessionPositions(_Body):
+    """Every session's position, in one answer: what an operator shows and compares
+    without a request per session."""
+
+    sessions: list[SessionPosition]
 
 
 class SessionStatus(_Body):

@@ -28,6 +28,7 @@ from shadowpod.api.models import (
     SessionActivity,
     SessionCreated,
     SessionHistory,
+    SessionPositions,
     SessionStatus,
     SnapshotInfoOut,
     SnapshotOut,
@@ -91,6 +92,7 @@ class GatewayClient:
             self._headers[INSTANCE_HEADER], self._headers[OWNER_CREDENTIAL_HEADER] = owner
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._http: aiohttp.ClientSession | None = None
+        self.requests = 0  # calls made (an operator's idle cost is counted by them)
 
     async def __aenter__(self) -> GatewayClient:
         return self
@@ -126,6 +128,7 @@ class GatewayClient:
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> Any:
+        self.requests += 1
         if body is not None:
             plain = body.model_dump(mode="json")
         if plain is not None:
@@ -400,6 +403,10 @@ class GatewayClient:
         return Ownership.model_validate(
             await self._call("POST", f"/v1/sessions/{session}/resume", body=body)
         )
+
+    async def positions(self) -> SessionPositions:
+        """Every session's head, acked turn and ownership, in one request."""
+        return SessionPositions.model_validate(await self._call("GET", "/v1/positions"))
 
     async def wakes(self, *, after: int = 0, wait_s: float = 0) -> WakesPage:
         params = {"after": after, "wait": wait_s}

@@ -71,6 +71,18 @@ class SessionInfo(BaseModel):
     meta: dict[str, str] = Field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class SessionPosition:
+    """Where a session stands, for one read of every session at once (``positions``):
+    what an operator shows and compares, without a read per session."""
+
+    session: str
+    head: int
+    acked: int  # the latest inbound turn acked, by any epoch (0: none)
+    epoch: int
+    fence: str  # the ownership record's fence state
+
+
 class SnapshotInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -133,6 +145,10 @@ class JournalStore(Protocol):
     async def get_session(self, session: str) -> SessionInfo: ...
 
     async def list_sessions(self) -> list[SessionInfo]: ...
+
+    async def positions(self) -> list[SessionPosition]:
+        """Every session's position, in one read (one statement)."""
+        ...
 
     async def delete_session(self, session: str) -> None: ...
 

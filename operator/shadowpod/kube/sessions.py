@@ -21,7 +21,8 @@ any two steps repeats safely:
    says whether the session is suspended; a resume starts the owner it names and opens
    delivery once that pod is ready.
 
-``reconcile_and_patch`` is the only writer of an AgentSession's status: every pass
+``reconcile_and_patch`` writes an AgentSession's status (and ``refresh_journal`` its
+journal figures alone, from the gateway's positions): every pass
 writes it whole from what it saw (``activeMigration`` and ``lastMigration`` from the
 AgentMigrations it lists), and a pass that fails says why there.
 """
@@ -32,6 +33,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -694,6 +696,47 @@ async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> Non
             ).inc()
         else:
             ctx.backoff.succeeded(failing)
+
+
+def needs_passes(body: Mapping[str, Any], **_: Any) -> bool:
+    """Whether the session keeps a periodic pass: while it is not steady. A steady
+    session (its owner ready at the spec it was made for, nothing degraded, no
+    migration; or suspended) changes only by what the operator is told of: a watch
+    event (spec, owner pod, node, migration), a wake, or the gateway's positions
+    (``kube.positions``). Idleness is a matter of time, not of events: a session that
+    suspends when idle keeps its passes while it runs."""
+    status = body.get("status") or {}
+    spec = body.get("spec") or {}
+    if status.get("observedGeneration") != body.get("metadata", {}).get("generation"):
+        return True
+    if status.get("activeMigration") or status.get("epoch") is None:
+        return True
+    state = {c.get("type"): c.get("status") for c in status.get("conditions", [])}
+    if state.get("Degraded") != "False":
+        return True
+    phase = status.get("phase")
+    if phase == "Suspended":
+        return False
+    return phase != "Running" or state.get("Ready") != "True" or bool(spec.get("idleSuspendAfter"))
+
+
+def watched(ctx: OperatorContext, body: Mapping[str, Any], *, gone: bool) -> None:
+    """Keep the session's status as the watch delivered it (``kube.positions``)."""
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if gone:
+        ctx.watched_sessions.pop(key, None)
+    else:
+        ctx.watched_sessions[key] = dict(body.get("status") or {})
+
+
+async def refresh_journal(
+    ctx: OperatorContext, namespace: str, name: str, journal: JournalStatus
+) -> None:
+    """The journal figures of the session's status, from the gateway's positions: the
+    one write to a status besides a pass's (nothing else in it depends on them)."""
+    async with lock(ctx, namespace, name):
+        patch = {"status": {"journal": journal.model_dump(mode="json", by_alias=True)}}
+        await ctx.api.patch(_status_path(namespace, name), patch)
 
 
 async def reconcile_named(ctx: OperatorContext, namespace: str, name: str) -> None:

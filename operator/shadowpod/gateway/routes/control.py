@@ -12,6 +12,8 @@ from shadowpod.api.models import (
     OwnerCredentialRequest,
     OwnershipChange,
     SessionCreated,
+    SessionPosition,
+    SessionPositions,
     SessionSummary,
     SnapshotRequest,
     SnapshotRequested,
@@ -117,6 +119,29 @@ async def list_sessions(request: web.Request) -> web.Response:
             ).model_dump()
             for s in sessions
         ]
+    )
+
+
+@routes.get("/v1/positions", name="get_positions")
+async def get_positions(request: web.Request) -> web.Response:
+    """Every session's head, acked turn and ownership, in one read: the operator's
+    periodic look costs one request whatever the number of sessions."""
+    gw = gateway(request)
+    gw.auth.control(request)
+    positions = await gw.store.positions()
+    return json_response(
+        SessionPositions(
+            sessions=[
+                SessionPosition(
+                    session=p.session,
+                    head=p.head,
+                    acked=p.acked,
+                    epoch=p.epoch,
+                    fence=FenceState(p.fence),
+                )
+                for p in positions
+            ]
+        )
     )
 
 

@@ -49,6 +49,7 @@ from shadowpod.journal.store import (
     CompressedDocument,
     Retention,
     SessionInfo,
+    SessionPosition,
     Snapshot,
     SnapshotInfo,
     Writer,
@@ -191,6 +192,16 @@ class Statements:
             f"SELECT {_SESSION_COLUMNS} FROM {self.s}.sessions ORDER BY name"
         )
         return [_session_info(row) for row in await cursor.fetchall()]
+
+    async def positions(self, conn: Conn) -> list[SessionPosition]:
+        cursor = await conn.execute(
+            f"SELECT s.name, s.head, coalesce((SELECT max(a.seq) FROM {self.s}.acks a "
+            f"WHERE a.sid = s.sid), 0), s.epoch, s.fence FROM {self.s}.sessions s ORDER BY s.name"
+        )
+        return [
+            SessionPosition(r[0], r[1], min(r[1], r[2]), r[3], r[4])
+            for r in await cursor.fetchall()
+        ]
 
     async def delete_session(self, conn: Conn, session: str) -> None:
         sid = (await self._row(conn, session, lock=True))[0]

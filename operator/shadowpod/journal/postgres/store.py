@@ -33,6 +33,7 @@ from shadowpod.journal import codec
 from shadowpod.journal.arguments import (
     check_epoch,
     check_keep,
+    check_no_nul,
     check_owner_epoch,
     check_read,
     check_schema_version,
@@ -55,6 +56,7 @@ from shadowpod.journal.store import (
     CompressedDocument,
     Retention,
     SessionInfo,
+    SessionPosition,
     Snapshot,
     SnapshotInfo,
     Writer,
@@ -171,6 +173,7 @@ class PostgresJournalStore:
         self, session: str, *, meta: Mapping[str, str] | None = None
     ) -> SessionInfo:
         check_session_id(session)
+        check_no_nul("the session's meta", dict(meta or {}))
         async with self._tx() as conn:
             return await self._ops.create_session(conn, session, Jsonb(dict(meta or {})))
 
@@ -181,6 +184,10 @@ class PostgresJournalStore:
     async def list_sessions(self) -> list[SessionInfo]:
         async with self._tx() as conn:
             return await self._ops.list_sessions(conn)
+
+    async def positions(self) -> list[SessionPosition]:
+        async with self._tx() as conn:
+            return await self._ops.positions(conn)
 
     async def delete_session(self, session: str) -> None:
         async with self._tx() as conn:
@@ -199,6 +206,8 @@ class PostgresJournalStore:
         writer: Writer = Writer.GATEWAY,
     ) -> list[Appended]:
         check_owner_epoch(owner_epoch)
+        for entry in entries:
+            check_no_nul(f"entry {entry.id!r}", entry.payload)
         if self._group is None:
             raise RuntimeError(f"{self!r} is not open")
         scope = Writer.OWNER if owner_epoch is not None else writer

@@ -34,7 +34,7 @@ from shadowpod.journal.errors import (
 )
 from shadowpod.journal.ownership import TRIGGER_MESSAGE, epoch_marker, validate_transition
 from shadowpod.journal.sqlite.writer import WriteTx
-from shadowpod.journal.store import Appended, SessionInfo, Writer
+from shadowpod.journal.store import Appended, SessionInfo, SessionPosition, Writer
 
 STORE_SCHEMA_VERSION: Final = 3
 
@@ -241,6 +241,14 @@ def get_session(conn: sqlite3.Connection, session: str) -> SessionInfo:
 def list_sessions(conn: sqlite3.Connection) -> list[SessionInfo]:
     rows = conn.execute(f"SELECT {_SESSION_COLUMNS} FROM sessions ORDER BY name").fetchall()
     return [_session_info(row) for row in rows]
+
+
+def positions(conn: sqlite3.Connection) -> list[SessionPosition]:
+    rows = conn.execute(
+        "SELECT s.name, s.head, coalesce((SELECT max(a.seq) FROM acks a WHERE a.sid = s.sid), 0),"
+        " s.epoch, s.fence FROM sessions s ORDER BY s.name"
+    ).fetchall()
+    return [SessionPosition(r[0], r[1], min(r[1], r[2]), r[3], r[4]) for r in rows]
 
 
 def delete_session(tx: WriteTx, session: str) -> None:

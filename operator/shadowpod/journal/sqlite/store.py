@@ -39,6 +39,7 @@ from shadowpod.journal.store import (
     CompressedDocument,
     Retention,
     SessionInfo,
+    SessionPosition,
     Snapshot,
     SnapshotInfo,
     Writer,
@@ -211,6 +212,9 @@ class SQLiteJournalStore:
 
     async def list_sessions(self) -> list[SessionInfo]:
         return await self._read(sql.list_sessions)
+
+    async def positions(self) -> list[SessionPosition]:
+        return await self._read(sql.positions)
 
     async def delete_session(self, session: str) -> None:
         self._recent.forget(session)
