@@ -49,9 +49,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
-import aiohttp
 import yaml
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
 from shadowpod.bench.machine import MachineProbe
@@ -189,7 +187,9 @@ class Cluster:
                         version = (body.get("metadata") or {}).get("resourceVersion", version)
                         if event.get("type") != "BOOKMARK":
                             on_event(event["type"], body, time.monotonic())
-            except (aiohttp.ClientError, TimeoutError, ValueError, ApiException) as exc:
+            # Any failure of one watch request (the client's ApiException for an error
+            # answer too, which this layer may not import) is counted and taken up again.
+            except Exception as exc:  # noqa: BLE001
                 key = f"{plural}: {type(exc).__name__}"
                 self.watch_breaks[key] = self.watch_breaks.get(key, 0) + 1
                 await asyncio.sleep(1.0)
