@@ -53,6 +53,7 @@ from shadowpod.journal.postgres.schema import check_schema_name, init_schema
 from shadowpod.journal.store import (
     Appended,
     CompressedDocument,
+    ForkPoint,
     Retention,
     SessionInfo,
     Snapshot,
@@ -168,11 +169,17 @@ class PostgresJournalStore:
     # --- sessions ---------------------------------------------------------------------
 
     async def create_session(
-        self, session: str, *, meta: Mapping[str, str] | None = None
+        self,
+        session: str,
+        *,
+        meta: Mapping[str, str] | None = None,
+        fork: ForkPoint | None = None,
     ) -> SessionInfo:
         check_session_id(session)
+        if fork is not None:
+            check_seq("fork seq", fork.seq)
         async with self._tx() as conn:
-            return await self._ops.create_session(conn, session, Jsonb(dict(meta or {})))
+            return await self._ops.create_session(conn, session, Jsonb(dict(meta or {})), fork)
 
     async def get_session(self, session: str) -> SessionInfo:
         async with self._tx() as conn:
