@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict, model_validator
 
 from shadowpod.domain.bounds import INT64_MAX, EntrySeq, Epoch, OwnerEpoch, Seq
 from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
@@ -185,6 +185,23 @@ class ScheduleSpec(_Body):
     content: str = Field(default="", max_length=MAX_SCHEDULE_CONTENT)
 
 
+class ForkFrom(_Body):
+    """Where a fork starts: ``session``'s state at ``seq``, or at its snapshot
+    ``snapshot`` (a watermark), one of the two."""
+
+    session: SessionId
+    seq: Seq | None = Field(default=None, description="The parent's seq to fork at.")
+    snapshot: Seq | None = Field(
+        default=None, description="The watermark of one of the parent's snapshots to fork at."
+    )
+
+    @model_validator(mode="after")
+    def _one_point(self) -> ForkFrom:
+        if (self.seq is None) == (self.snapshot is None):
+            raise ValueError("give exactly one of seq and snapshot: where the fork starts")
+        return self
+
+
 class CreateSession(_Body):
     session: SessionId
     meta: dict[str, str] = Field(default_factory=dict)
@@ -213,6 +230,12 @@ class CreateSession(_Body):
         " each instance started), so an owner fenced out cannot write at a later epoch"
         " with the session's agent token. false: the epoch alone is checked.",
     )
+    fork_from: ForkFrom | None = Field(
+        default=None,
+        description="Make the session a fork: the parent's state at that point (its"
+        " journal up to it, shared, not copied), its own journal from there on; the parent"
+        " is untouched.",
+    )
 
 
 class OwnerCredentialRequest(_Body):
@@ -235,6 +258,8 @@ class SessionCreated(_Body):
         description="Shown once; the owner and shadows present it. Unset when the caller"
         " gave agent_token_sha256: it holds the token already.",
     )
+    fork_of: str | None = Field(default=None, description="The parent of a fork.")
+    fork_seq: int | None = Field(default=None, description="The parent's seq a fork starts at.")
 
 
 class SessionSummary(_Body):
