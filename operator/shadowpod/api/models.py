@@ -238,6 +238,22 @@ class CreateSession(_Body):
     )
 
 
+class RetentionPolicy(_Body):
+    keep_snapshots: int = Field(
+        ge=1,
+        le=100,
+        description="Snapshots kept, the newest; the journal behind the oldest kept is"
+        " truncated (never past the last processed message, nor what a fork reads).",
+    )
+
+
+class RetentionApplied(_Body):
+    keep_snapshots: int
+    deleted_snapshots: int
+    deleted_entries: int
+    truncated_through: int
+
+
 class OwnerCredentialRequest(_Body):
     instance: OwnerName = Field(description="The instance (pod) the credential is for.")
 
@@ -282,6 +298,13 @@ class SessionStatus(_Body):
         default=False, description="The last fence held a message back whose turn has not started."
     )
     latest_snapshot: int | None = None
+    journal_entries: int = Field(
+        default=0,
+        description="Entries the session's own journal holds (head less what retention"
+        " removed and, for a fork, less its parent's entries it shares).",
+    )
+    fork_of: str | None = Field(default=None, description="The session this one was forked from.")
+    fork_seq: int | None = Field(default=None, description="The parent's seq it was forked at.")
 
 
 class OwnershipChange(_Body):

@@ -236,6 +236,8 @@ async def ensure_gateway_session(
             )
         if exc.reason != "SessionExists":
             raise
+    keep = session.spec.checkpoint.retain_snapshots
+    await gateway_call(ctx, lambda: ctx.admin.set_retention(request.session, keep))
     return None
 
 

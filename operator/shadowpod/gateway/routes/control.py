@@ -12,6 +12,8 @@ from shadowpod.api.models import (
     OwnerCredential,
     OwnerCredentialRequest,
     OwnershipChange,
+    RetentionApplied,
+    RetentionPolicy,
     SessionCreated,
     SessionSummary,
     SnapshotRequest,
@@ -31,6 +33,7 @@ from shadowpod.gateway.context import Gateway, gateway, json_response, session_o
 from shadowpod.gateway.errors import ApiError, parse_body, read_body, read_raw_body
 from shadowpod.journal.errors import EpochConflict
 from shadowpod.journal.store import ForkPoint
+from shadowpod.sessions import retention
 from shadowpod.sessions.fence import FenceTimeout
 from shadowpod.sessions.tokens import (
     AGENT_TOKEN_META,
@@ -148,6 +151,19 @@ async def delete_session(request: web.Request) -> web.Response:
     await gw.store.delete_session(session)
     gw.forget(session)
     return web.Response(status=204)
+
+
+@routes.put("/v1/sessions/{session}/retention", name="put_retention")
+async def put_retention(request: web.Request) -> web.Response:
+    """Set the session's retention policy and apply it now; the gateway applies it
+    again after every snapshot stored."""
+    gw = gateway(request)
+    gw.auth.control(request)
+    session = session_of(request)
+    body = await read_body(request, RetentionPolicy)
+    done = await retention.set_policy(gw.store, session, body.keep_snapshots)
+    applied = RetentionApplied(keep_snapshots=body.keep_snapshots, **done.model_dump())
+    return json_response(applied)
 
 
 @routes.get("/v1/sessions/{session}/ownership", name="get_ownership")

@@ -283,6 +283,18 @@ class Statements:
         ).fetchone()
         return None if found is None else str(found[0])
 
+    async def update_meta(self, conn: Conn, session: str, changes: Jsonb) -> SessionInfo:
+        row = await (
+            await conn.execute(
+                f"UPDATE {self.s}.sessions SET meta = meta || %s WHERE name = %s "
+                f"RETURNING {_SESSION_COLUMNS}",
+                (changes, session),
+            )
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound(session)
+        return _session_info(row, await self._fork_of(conn, row))
+
     async def get_session(self, conn: Conn, session: str) -> SessionInfo:
         row = await self._row(conn, session, lock=False)
         return _session_info(row, await self._fork_of(conn, row))

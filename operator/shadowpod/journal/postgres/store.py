@@ -181,6 +181,10 @@ class PostgresJournalStore:
         async with self._tx() as conn:
             return await self._ops.create_session(conn, session, Jsonb(dict(meta or {})), fork)
 
+    async def update_meta(self, session: str, changes: Mapping[str, str]) -> SessionInfo:
+        async with self._tx() as conn:
+            return await self._ops.update_meta(conn, session, Jsonb(dict(changes)))
+
     async def get_session(self, session: str) -> SessionInfo:
         async with self._tx() as conn:
             return await self._ops.get_session(conn, session)

@@ -328,6 +328,15 @@ def _acked_at(
     return (0, truncated_through) if truncated_through else None
 
 
+def update_meta(tx: WriteTx, session: str, changes: Mapping[str, str]) -> SessionInfo:
+    row = session_row(tx.conn, session)
+    meta = {**codec.decode_payload(row["meta"]), **changes}
+    tx.conn.execute(
+        "UPDATE sessions SET meta = ? WHERE sid = ?", (codec.encode_payload(meta), row["sid"])
+    )
+    return _session_info(session_row(tx.conn, session))
+
+
 def get_session(conn: sqlite3.Connection, session: str) -> SessionInfo:
     return _session_info(session_row(conn, session))
 

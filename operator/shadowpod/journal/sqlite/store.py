@@ -215,6 +215,10 @@ class SQLiteJournalStore:
             session, lambda tx: sql.create_session(tx, session, meta or {}, fork)
         )
 
+    async def update_meta(self, session: str, changes: Mapping[str, str]) -> SessionInfo:
+        values = dict(changes)
+        return await self._write(session, lambda tx: sql.update_meta(tx, session, values))
+
     async def get_session(self, session: str) -> SessionInfo:
         return await self._read(lambda conn: sql.get_session(conn, session))
 
