@@ -5,6 +5,9 @@ point, and the parent serves on under client load, untouched."""
 from __future__ import annotations
 
 import asyncio
+import re
+import shlex
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +17,10 @@ from tests.kube.operator_world import Load, World, plugin, reply_counts, session
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(240)
+# The README's block this file carries out on the emulator (tests/docs/test_blocks.py
+# reads these two names).
+README = "README.md"
+SECTION = "### Fork"
 
 
 async def _answer(client: GatewayClient, session: str, content: str, id: str) -> str:
@@ -85,3 +92,38 @@ async def test_a_fork_of_a_missing_session_says_so_and_waits(world: World) -> No
     assert await world.pods("f2") == []
     reasons = [r for _, r, _ in await world.events("f2")]
     assert reasons.count("ForkRefused") == 1
+
+
+def _readme_block() -> list[list[str]]:
+    """The commands of the README's "Fork" block, as a shell splits them."""
+    text = (Path(__file__).resolve().parents[2] / README).read_text()
+    section = text.split(f"\n{SECTION}\n", 1)[1].split("\n#", 1)[0]
+    [block] = re.findall(r"^```sh\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+    return [c for line in block.splitlines() if (c := shlex.split(line, comments=True))]
+
+
+async def test_the_readmes_fork_block_does_what_it_says(world: World) -> None:
+    """Each line carried out as kubectl would (the plugin as kubectl runs it; a wait
+    through the API): a line of another shape fails the test."""
+    await world.apply(session_manifest("support-ada"))
+    await world.wait_running("support-ada", epoch=1)
+    async with world.client() as client:
+        parent = world.gateway_session("support-ada")
+        await _answer(client, parent, "my name is Ada", id="first")  # seqs 2-4
+        await _answer(client, parent, "my name is Bob", id="second")
+        for command in _readme_block():
+            match command:
+                case ["kubectl", "shadowpod", "fork", *args]:
+                    result = await plugin(world, "fork", *args)
+                    assert result.exit_code == 0, result.output
+                case ["kubectl", "wait", "--for=condition=Ready", target, timeout]:
+                    kind, _, name = target.partition("/")
+                    assert kind == "agentsession" and timeout.startswith("--timeout=")
+                    seconds = float(timeout.removeprefix("--timeout=").removesuffix("s"))
+                    await world.wait_running(name, timeout=seconds)
+                case _:
+                    raise AssertionError(f"README: a command this test does not run: {command}")
+        fork = world.gateway_session("support-ada-try")
+        assert "Ada" in await _answer(client, fork, "what is my name?", id="ask")
+    body = await world.session("support-ada-try")
+    assert body["spec"]["forkFrom"] == {"session": "support-ada", "seq": 4}
