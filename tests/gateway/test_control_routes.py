@@ -169,7 +169,7 @@ async def test_ownership_is_handed_over_by_compare_and_set(
     assert (stale.status, stale.reason) == (409, "EpochConflict")
     assert "expected ownership epoch 0, found 1" in stale.json["message"]
     assert (second.json["epoch"], second.json["owner"]) == (3, "pod-b")
-    assert (backwards.status, backwards.reason) == (400, "EpochDecrease")
+    assert (backwards.status, backwards.reason) == (409, "EpochDecrease")
     assert (invalid.status, invalid.locs) == (400, ["epoch"])
     now = (await call(http, "GET", path, token=CONTROL)).json
     assert (now["epoch"], now["owner"]) == (3, "pod-b")

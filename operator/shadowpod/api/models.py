@@ -10,7 +10,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict, model_validator
 
-from shadowpod.domain.bounds import INT64_MAX, EntrySeq, Epoch, OwnerEpoch, Seq
+from shadowpod.domain.bounds import INT64_MAX, Boolean, EntrySeq, Epoch, Integer, OwnerEpoch, Seq
 from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
 from shadowpod.domain.ownership import Ownership
 from shadowpod.domain.payloads import (
@@ -223,7 +223,7 @@ class CreateSession(_Body):
         " then derives each instance's owner credential itself (sessions.tokens."
         "owner_credential) and needs no gateway to start one; implies owner_credentials.",
     )
-    owner_credentials: bool = Field(
+    owner_credentials: Boolean = Field(
         default=False,
         description="true: owner writes need the credential of the instance the"
         " ownership record names at the epoch (minted by POST .../owner-credentials for"
@@ -315,7 +315,7 @@ class OwnershipChange(_Body):
 
 class FenceRequest(_Body):
     # The fence hands the session to epoch expect_epoch + 1, which must be an epoch too.
-    expect_epoch: Annotated[int, Strict()] = Field(
+    expect_epoch: Integer = Field(
         ge=1,
         le=INT64_MAX - 1,
         description="The epoch of the owner to fence (below 2^63-1: the fence moves to the next).",
@@ -340,7 +340,7 @@ class UnfenceRequest(_Body):
 
 
 class SuspendRequest(_Body):
-    expect_epoch: Annotated[int, Strict()] = Field(ge=1, le=INT64_MAX - 1)
+    expect_epoch: Integer = Field(ge=1, le=INT64_MAX - 1)
     next_owner: OwnerName = Field(
         description="The instance that will own the session when it resumes (not started)."
     )
