@@ -24,7 +24,7 @@ from shadowpod.engine.record import (
 )
 from shadowpod.local.criu import CriuRuntime
 from shadowpod.local.gateway_process import GatewayProcess
-from shadowpod.local.images import ImageMap
+from shadowpod.local.images import DescribedImages, ImageMap
 from shadowpod.local.records import FileRecordStore
 from shadowpod.local.runtime import LocalRuntime
 from shadowpod.local.validation import local_validator
@@ -41,10 +41,12 @@ class LocalDeployment:
         warm_spares: bool = False,
         checkpoints: bool = False,
         gateway_port: int | None = None,
+        described: DescribedImages | None = None,
     ) -> None:
         """``checkpoints``: agents that CRIU can checkpoint (``shadowpod.local.criu``),
         and migrations with the ``criu`` strategy; no warm spares then.
-        ``gateway_port``: the gateway's (default: a free one)."""
+        ``gateway_port``: the gateway's (default: a free one). ``described``: where
+        what images' code said of their schemas is kept (default: the user's cache)."""
         # Absolute: instances and the gateway are told paths that must not depend on
         # the directory they run in.
         workdir = workdir.absolute()
@@ -60,7 +62,11 @@ class LocalDeployment:
             self.checkpointer = self.runtime
         else:
             self.runtime = LocalRuntime(
-                images, gateway_url=self.gateway.url, workdir=workdir, warm_spares=warm_spares
+                images,
+                gateway_url=self.gateway.url,
+                workdir=workdir,
+                warm_spares=warm_spares,
+                described=described,
             )
         self.records = FileRecordStore(workdir / "migrations")
         self.admin = GatewayClient(self.gateway.url, self.gateway.control_token)
