@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict, model_validator
 
 from shadowpod.domain.bounds import INT64_MAX, Boolean, EntrySeq, Epoch, Integer, OwnerEpoch, Seq
 from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
@@ -185,6 +185,23 @@ class ScheduleSpec(_Body):
     content: str = Field(default="", max_length=MAX_SCHEDULE_CONTENT)
 
 
+class ForkFrom(_Body):
+    """Where a fork starts: ``session``'s state at ``seq``, or at its snapshot
+    ``snapshot`` (a watermark), one of the two."""
+
+    session: SessionId
+    seq: Seq | None = Field(default=None, description="The parent's seq to fork at.")
+    snapshot: Seq | None = Field(
+        default=None, description="The watermark of one of the parent's snapshots to fork at."
+    )
+
+    @model_validator(mode="after")
+    def _one_point(self) -> ForkFrom:
+        if (self.seq is None) == (self.snapshot is None):
+            raise ValueError("give exactly one of seq and snapshot: where the fork starts")
+        return self
+
+
 class CreateSession(_Body):
     session: SessionId
     meta: dict[str, str] = Field(default_factory=dict)
@@ -213,6 +230,28 @@ class CreateSession(_Body):
         " each instance started), so an owner fenced out cannot write at a later epoch"
         " with the session's agent token. false: the epoch alone is checked.",
     )
+    fork_from: ForkFrom | None = Field(
+        default=None,
+        description="Make the session a fork: the parent's state at that point (its"
+        " journal up to it, shared, not copied), its own journal from there on; the parent"
+        " is untouched.",
+    )
+
+
+class RetentionPolicy(_Body):
+    keep_snapshots: int = Field(
+        ge=1,
+        le=100,
+        description="Snapshots kept, the newest; the journal behind the oldest kept is"
+        " truncated (never past the last processed message, nor what a fork reads).",
+    )
+
+
+class RetentionApplied(_Body):
+    keep_snapshots: int
+    deleted_snapshots: int
+    deleted_entries: int
+    truncated_through: int
 
 
 class OwnerCredentialRequest(_Body):
@@ -235,6 +274,8 @@ class SessionCreated(_Body):
         description="Shown once; the owner and shadows present it. Unset when the caller"
         " gave agent_token_sha256: it holds the token already.",
     )
+    fork_of: str | None = Field(default=None, description="The parent of a fork.")
+    fork_seq: int | None = Field(default=None, description="The parent's seq a fork starts at.")
 
 
 class SessionSummary(_Body):
@@ -272,6 +313,13 @@ class SessionStatus(_Body):
         default=False, description="The last fence held a message back whose turn has not started."
     )
     latest_snapshot: int | None = None
+    journal_entries: int = Field(
+        default=0,
+        description="Entries the session's own journal holds (head less what retention"
+        " removed and, for a fork, less its parent's entries it shares).",
+    )
+    fork_of: str | None = Field(default=None, description="The session this one was forked from.")
+    fork_seq: int | None = Field(default=None, description="The parent's seq it was forked at.")
 
 
 class OwnershipChange(_Body):

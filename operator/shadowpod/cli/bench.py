@@ -569,6 +569,43 @@ def _print_lifecycle(report: dict[str, Any]) -> None:
     Console().print(f"machine: {_machine(report)}")
 
 
+@bench.command("fork")
+@click.option("--rounds", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=click.Choice(["sqlite", "postgres"]),
+    default=("sqlite", "postgres"),
+    show_default=True,
+)
+@click.option("--dsn", default="postgresql://127.0.0.1:5432/test", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def fork(rounds: int, backends: tuple[str, ...], dsn: str, as_json: bool) -> None:
+    """Fork sessions of 10, 10,000 and 100,000 entries ROUNDS times each, against
+    creating a session: a fork shares its parent's journal, so its time stays flat."""
+    from shadowpod.bench.forks import ForkBenchConfig, run_fork_bench
+
+    config = ForkBenchConfig(rounds=rounds, backends=backends, dsn=dsn)
+    _run_and_report("fork", run_fork_bench(config), _print_fork, as_json, False)
+
+
+def _print_fork(report: dict[str, Any]) -> None:
+    table = Table(title="fork against create (store calls)")
+    for column in ("backend", "entries", "fork p50 / p99 ms", "create p50 / p99 ms"):
+        table.add_column(column, justify="right")
+    for backend, rows in report["results"].items():
+        for row in rows:
+            table.add_row(
+                backend,
+                f"{row['entries']:,}",
+                "{p50} / {p99}".format(**row["fork_ms"]),
+                "{p50} / {p99}".format(**row["create_ms"]),
+            )
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
 @bench.command("cluster")
 @click.option(
     "--kubeconfig",

@@ -25,6 +25,8 @@ from shadowpod.api.models import (
     OwnershipChange,
     PostMessage,
     ResumeRequest,
+    RetentionApplied,
+    RetentionPolicy,
     SessionActivity,
     SessionCreated,
     SessionHistory,
@@ -340,6 +342,16 @@ class GatewayClient:
 
     async def create_session(self, request: CreateSession) -> SessionCreated:
         return SessionCreated.model_validate(await self._call("POST", "/v1/sessions", body=request))
+
+    async def set_retention(self, session: str, keep_snapshots: int) -> RetentionApplied:
+        """Set the session's retention policy (control token); applied at once."""
+        return RetentionApplied.model_validate(
+            await self._call(
+                "PUT",
+                f"/v1/sessions/{session}/retention",
+                body=RetentionPolicy(keep_snapshots=keep_snapshots),
+            )
+        )
 
     async def mint_owner_credential(self, session: str, instance: str) -> str | None:
         """The owner credential of ``instance`` (control token); ``None`` for a session

@@ -41,7 +41,13 @@ from typing import Any, Final
 import aiohttp
 from pydantic import ValidationError
 
-from shadowpod.api.models import CreateSession, CredentialSpec, OwnershipChange, ScheduleSpec
+from shadowpod.api.models import (
+    CreateSession,
+    CredentialSpec,
+    ForkFrom,
+    OwnershipChange,
+    ScheduleSpec,
+)
 from shadowpod.client.gateway import GatewayError
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.ports import GatewayUnavailable
@@ -187,12 +193,19 @@ async def ensure_token_secret(ctx: OperatorContext, session: AgentSession) -> tu
     return base64.b64decode(secret["data"][names.TOKEN_KEY]).decode(), owner_key
 
 
+# What the gateway says when a fork cannot be made as the spec asks.
+FORK_REFUSALS: Final = ("SessionNotFound", "SnapshotNotFound", "InvalidForkPoint")
+
+
 async def ensure_gateway_session(
     ctx: OperatorContext, session: AgentSession, token: str, owner_key: str
-) -> None:
+) -> Problem | None:
     """The session in the gateway, with the owner key: owner writes then need the
     credential of the pod the ownership record names (``kube.credentials``). A session
-    the gateway already has keeps what it was made with."""
+    the gateway already has keeps what it was made with. A fork the gateway cannot make
+    (no such parent, snapshot or seq) is a problem to report, asked again later."""
+    fork = session.spec.fork_from
+    namespace = session.metadata.namespace or "default"
     request = CreateSession(
         session=gateway_id(session),
         meta={"namespace": session.metadata.namespace or "", "name": session.metadata.name or ""},
@@ -206,12 +219,28 @@ async def ensure_gateway_session(
         ],
         agent_token_sha256=token_hash(token),
         owner_key=owner_key,
+        fork_from=None
+        if fork is None
+        else ForkFrom(
+            session=names.gateway_session(namespace, fork.session),
+            seq=fork.seq,
+            snapshot=fork.snapshot,
+        ),
     )
     try:
         await gateway_call(ctx, lambda: ctx.admin.create_session(request))
     except GatewayError as exc:
+        if fork is not None and exc.reason in FORK_REFUSALS:
+            return Problem(
+                "ForkRefused",
+                f"cannot fork AgentSession {fork.session!r}: {exc.message}; correct"
+                " spec.forkFrom (it is asked again)",
+            )
         if exc.reason != "SessionExists":
             raise
+    keep = session.spec.checkpoint.retain_snapshots
+    await gateway_call(ctx, lambda: ctx.admin.set_retention(request.session, keep))
+    return None
 
 
 async def ensure_budget(ctx: OperatorContext, session: AgentSession) -> None:
@@ -314,11 +343,20 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     established = status.get("epoch") is not None and status.get("observedGeneration") == generation
     if not established:
         token, owner_key = await ensure_token_secret(ctx, session)
-        await ensure_gateway_session(ctx, session, token, owner_key)
+        refused = await ensure_gateway_session(ctx, session, token, owner_key)
+        if refused is not None:
+            if said != refused.reason:
+                await ctx.event(body, "Warning", refused.reason, refused.message)
+            ctx.problems_said[key] = refused.reason
+            return Observed(phase="Pending", degraded=refused)
     gid = gateway_id(session)
     ownership = await gateway_call(ctx, lambda: ctx.admin.ownership(gid))
-    if ownership.epoch == 0:
-        change = OwnershipChange(expect_epoch=0, epoch=1, owner=names.new_instance(name))
+    if ownership.owner is None:  # new (epoch 0), or a fork (its parent's epoch)
+        change = OwnershipChange(
+            expect_epoch=ownership.epoch,
+            epoch=ownership.epoch + 1,
+            owner=names.new_instance(name),
+        )
         ownership = await gateway_call(ctx, lambda: ctx.admin.set_ownership(gid, change))
     if not established:
         await ensure_budget(ctx, session)

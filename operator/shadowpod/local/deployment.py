@@ -9,10 +9,10 @@ from pathlib import Path
 from types import TracebackType
 
 from shadowpod.agent.identity import SessionIdentity
-from shadowpod.api.models import CreateSession, CredentialSpec, ScheduleSpec
+from shadowpod.api.models import CreateSession, CredentialSpec, ForkFrom, ScheduleSpec
 from shadowpod.client.control import GatewayControl
 from shadowpod.client.gateway import GatewayClient
-from shadowpod.client.sessions import FIRST_EPOCH, start_session
+from shadowpod.client.sessions import start_session
 from shadowpod.engine.engine import MigrationEngine
 from shadowpod.engine.ports import InstanceSpec, InstanceStatus
 from shadowpod.engine.record import (
@@ -114,13 +114,16 @@ class LocalDeployment:
         schedules: Sequence[ScheduleSpec] = (),
         identity: SessionIdentity | None = None,
         owner_key: str | None = None,
+        fork_from: ForkFrom | None = None,
     ) -> str:
         """Create ``session`` and start its first owner (epoch 1). Returns the agent
         token. ``identity``: who the agent is (its name and principles), as files.
         Owners write with credentials derived from ``owner_key`` (made here if not
-        given; a caller that restarts the session later keeps it), kept by the runtime."""
+        given; a caller that restarts the session later keeps it), kept by the runtime.
+        ``fork_from``: the session is a fork, its first owner at the epoch after its
+        parent's, restoring the parent's state at the fork point."""
         owner_key = owner_key or new_owner_key()
-        created, _ = await start_session(
+        created, ownership = await start_session(
             self.admin,
             CreateSession(
                 session=session,
@@ -130,6 +133,7 @@ class LocalDeployment:
                 ],
                 schedules=list(schedules),
                 owner_key=owner_key,
+                fork_from=fork_from,
             ),
             owner=instance,
         )
@@ -138,7 +142,7 @@ class LocalDeployment:
         self.runtime.register_session(session, created.agent_token, identity, owner_key)
         await self.runtime.start(
             InstanceSpec(
-                name=instance, image=image, session=session, mode="owner", epoch=FIRST_EPOCH
+                name=instance, image=image, session=session, mode="owner", epoch=ownership.epoch
             )
         )
         await self.wait_serving(instance)

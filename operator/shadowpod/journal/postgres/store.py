@@ -54,6 +54,7 @@ from shadowpod.journal.postgres.schema import check_schema_name, init_schema
 from shadowpod.journal.store import (
     Appended,
     CompressedDocument,
+    ForkPoint,
     Retention,
     SessionInfo,
     SessionPosition,
@@ -170,12 +171,22 @@ class PostgresJournalStore:
     # --- sessions ---------------------------------------------------------------------
 
     async def create_session(
-        self, session: str, *, meta: Mapping[str, str] | None = None
+        self,
+        session: str,
+        *,
+        meta: Mapping[str, str] | None = None,
+        fork: ForkPoint | None = None,
     ) -> SessionInfo:
         check_session_id(session)
         check_no_nul("the session's meta", dict(meta or {}))
+        if fork is not None:
+            check_seq("fork seq", fork.seq)
         async with self._tx() as conn:
-            return await self._ops.create_session(conn, session, Jsonb(dict(meta or {})))
+            return await self._ops.create_session(conn, session, Jsonb(dict(meta or {})), fork)
+
+    async def update_meta(self, session: str, changes: Mapping[str, str]) -> SessionInfo:
+        async with self._tx() as conn:
+            return await self._ops.update_meta(conn, session, Jsonb(dict(changes)))
 
     async def get_session(self, session: str) -> SessionInfo:
         async with self._tx() as conn:
