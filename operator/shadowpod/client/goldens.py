@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from shadowpod.client.gateway import GatewayClient
+from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.domain.entries import JournalEntry
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.domain.reducer import fold
@@ -38,13 +38,24 @@ async def record_golden(
     base = SessionState()
     after = 0
     if from_seq > 1:
-        document = await client.snapshot_document(session)
-        if document is not None and document.watermark < from_seq:
+        # The newest snapshot below from_seq (a later one may exist: retention keeps N).
+        below = [s.watermark for s in await client.snapshots(session) if s.watermark < from_seq]
+        document = await client.snapshot_document(session, max(below)) if below else None
+        if document is not None:
             base = load_state_json(document.document_json)
             after = document.watermark
     entries: list[JournalEntry] = []
     while True:
-        page, head = await client.journal(session, after=after, limit=PAGE)
+        try:
+            page, head = await client.journal(session, after=after, limit=PAGE)
+        except GatewayError as exc:
+            if exc.reason != "JournalTruncated":
+                raise
+            kept = (await client.status(session)).truncated_through + 1
+            raise GoldenError(
+                f"the journal of {session} holds no entries before {kept} (truncated by "
+                f"retention): record from seq {kept} or later (--from)"
+            ) from None
         if page and page[0].seq != after + 1:
             raise GoldenError(
                 f"the journal of {session} holds no entries from {after + 1} to "
