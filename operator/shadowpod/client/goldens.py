@@ -23,6 +23,22 @@ class GoldenError(ShadowpodError):
     reason = "GoldenReplayFailed"
 
 
+async def earliest_recordable_seq(client: GatewayClient, session: str) -> int:
+    """The first ``from_seq`` a golden of ``session`` can start at: 1 while its journal
+    is whole, else one past the oldest snapshot at or after what retention removed
+    (the state before ``from_seq`` must come from somewhere)."""
+    removed = (await client.status(session)).truncated_through
+    if removed == 0:
+        return 1
+    kept = [s.watermark for s in await client.snapshots(session) if s.watermark >= removed]
+    if not kept:
+        raise GoldenError(
+            f"the journal of {session} was truncated through seq {removed} and no snapshot "
+            "at or after it is kept: no golden can be recorded from it"
+        )
+    return min(kept) + 1
+
+
 async def record_golden(
     client: GatewayClient,
     session: str,
@@ -51,10 +67,10 @@ async def record_golden(
         except GatewayError as exc:
             if exc.reason != "JournalTruncated":
                 raise
-            kept = (await client.status(session)).truncated_through + 1
+            earliest = await earliest_recordable_seq(client, session)
             raise GoldenError(
-                f"the journal of {session} holds no entries before {kept} (truncated by "
-                f"retention): record from seq {kept} or later (--from)"
+                f"the journal of {session} was truncated by retention before seq "
+                f"{from_seq}: record from seq {earliest} or later (--from)"
             ) from None
         if page and page[0].seq != after + 1:
             raise GoldenError(
