@@ -69,28 +69,7 @@ async def test_a_tool_calling_turn_writes_the_same_bytes_however_long_the_histor
     """``create_react_agent`` hands each tool call a ``Send`` with a copy of the whole
     state: journaled as it is, a turn's write grew with the conversation (1.9 MB a
     turn at 1,000 turns). Stored as a reference to the messages' log, it stays flat."""
-    store = SQLiteJournalStore(tmp_path / "journal.db")
-    await store.open()
-    try:
-        await store.create_session(SESSION)
-        await store.compare_and_set_ownership(SESSION, 0, Ownership(epoch=1, owner="test"))
-        saver = ShadowpodSaver()
-        owner = _Owner(store, _build_graph()(saver, graph), saver)
-        for n in range(TOOL_TURNS):
-            await owner.turn(f"lookup city{n:03d}")
-        entries: list[JournalEntry] = []
-        while page := await store.read(SESSION, after=entries[-1].seq if entries else 0):
-            entries += page
-    finally:
-        await store.close()
-
-    by_turn: dict[int, int] = {}
-    for entry in entries:
-        if entry.kind in (EntryKind.STATE, EntryKind.TOOL_CALL, EntryKind.TOOL_RESULT):
-            turn = int(entry.payload["turn"])
-            by_turn[turn] = by_turn.get(turn, 0) + len(orjson.dumps(entry.payload))
-    sizes = [by_turn[turn] for turn in sorted(by_turn)]
-    assert len(sizes) == TOOL_TURNS
+    entries, sizes = await _tool_turns(tmp_path, graph, TOOL_TURNS)
     # Turns 20-30 against the last ten: the same bytes but for buckets a turn opens.
     middle, last = min(sizes[20:30]), min(sizes[-10:])
     assert last - middle <= 64, (graph, middle, last)
@@ -116,28 +95,7 @@ async def test_a_tool_turn_costs_the_same_at_turn_200_as_at_turn_10(tmp_path: Pa
     """Bytes a ``create_react_agent`` tool turn journals, in windows of turns: late in a
     long conversation no more than early plus what pruning deletes, and the same in
     two windows once pruning runs — flat, whatever the history's length."""
-    store = SQLiteJournalStore(tmp_path / "journal.db")
-    await store.open()
-    try:
-        await store.create_session(SESSION)
-        await store.compare_and_set_ownership(SESSION, 0, Ownership(epoch=1, owner="test"))
-        saver = ShadowpodSaver()
-        owner = _Owner(store, _build_graph()(saver, "react"), saver)
-        for n in range(LONG_TOOL_TURNS):
-            await owner.turn(f"lookup city{n:03d}")
-        entries: list[JournalEntry] = []
-        while page := await store.read(SESSION, after=entries[-1].seq if entries else 0):
-            entries += page
-    finally:
-        await store.close()
-
-    by_turn: dict[int, int] = {}
-    for entry in entries:
-        if entry.kind in (EntryKind.STATE, EntryKind.TOOL_CALL, EntryKind.TOOL_RESULT):
-            turn = int(entry.payload["turn"])
-            by_turn[turn] = by_turn.get(turn, 0) + len(orjson.dumps(entry.payload))
-    sizes = [by_turn[turn] for turn in sorted(by_turn)]
-    assert len(sizes) == LONG_TOOL_TURNS
+    _, sizes = await _tool_turns(tmp_path, "react", LONG_TOOL_TURNS)
 
     def window(start: int) -> float:
         return sum(sizes[start : start + WINDOW]) / WINDOW
@@ -171,3 +129,32 @@ async def test_a_state_written_before_27_nov_reads_back_and_goes_on() -> None:
     assert [m.text for m in messages if m.type == "human"] == [f"lookup city{n}" for n in range(4)]
     assert messages[-1].text == "lookup: sunny in city3"
     assert len(list(again.get_state_history(config))) == 4 * 5
+
+
+async def _tool_turns(
+    tmp_path: Path, graph: str, turns: int
+) -> tuple[list[JournalEntry], list[int]]:
+    """``turns`` tool-calling turns of ``graph`` journaled: the whole journal, and the
+    bytes each turn wrote (its state, tool call and tool result entries)."""
+    store = SQLiteJournalStore(tmp_path / "journal.db")
+    await store.open()
+    try:
+        await store.create_session(SESSION)
+        await store.compare_and_set_ownership(SESSION, 0, Ownership(epoch=1, owner="test"))
+        saver = ShadowpodSaver()
+        owner = _Owner(store, _build_graph()(saver, graph), saver)
+        for n in range(turns):
+            await owner.turn(f"lookup city{n:03d}")
+        entries: list[JournalEntry] = []
+        while page := await store.read(SESSION, after=entries[-1].seq if entries else 0):
+            entries += page
+    finally:
+        await store.close()
+    by_turn: dict[int, int] = {}
+    for entry in entries:
+        if entry.kind in (EntryKind.STATE, EntryKind.TOOL_CALL, EntryKind.TOOL_RESULT):
+            turn = int(entry.payload["turn"])
+            by_turn[turn] = by_turn.get(turn, 0) + len(orjson.dumps(entry.payload))
+    sizes = [by_turn[turn] for turn in sorted(by_turn)]
+    assert len(sizes) == turns
+    return entries, sizes
