@@ -52,6 +52,7 @@ from typing import Any, Final
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from shadowpod.bench.informer import list_all
 from shadowpod.bench.machine import MachineProbe
 from shadowpod.kube import names
 from shadowpod.kube.api import KubeApi, KubeError, namespaced
@@ -257,23 +258,44 @@ async def _until(what: Callable[[], bool], timeout_s: float) -> bool:
 
 
 class OperatorProcess:
-    def __init__(self, config: ClusterBenchConfig, gateway: GatewayProcess) -> None:
-        self.config = config
+    """``shadowpod operator`` as its own process, watching ``namespace``, its log in
+    ``workdir``, its metrics on ``metrics_port``."""
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        workdir: Path,
+        gateway: GatewayProcess,
+        *,
+        reconcile_interval_s: float | None = None,
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.workdir = workdir
         self.gateway = gateway
+        self.reconcile_interval_s = reconcile_interval_s
+        self.metrics_port = free_port()
         self.process: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
-        log = self.config.workdir / "operator.log"
+        log = self.workdir / "operator.log"
+        interval = (
+            []
+            if self.reconcile_interval_s is None
+            else ["--reconcile-interval", str(self.reconcile_interval_s)]
+        )
         with log.open("ab") as sink:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "shadowpod", "operator",
-                "--kubeconfig", str(self.config.kubeconfig),
-                "-n", self.config.namespace,
+                "--kubeconfig", str(self.kubeconfig),
+                "-n", self.namespace,
                 "--gateway-url", self.gateway.url,
                 "--control-token-file", str(self.gateway.workdir / "control-token"),
                 "--metrics-host", "127.0.0.1",
-                "--metrics-port", str(free_port()),
+                "--metrics-port", str(self.metrics_port),
                 "--log-level", "warning",
+                *interval,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=sink,
                 stderr=asyncio.subprocess.STDOUT,
@@ -355,13 +377,17 @@ async def _idle_cost(
 
 
 def _save(config: ClusterBenchConfig, result: dict[str, Any]) -> None:
-    """The report so far, to ``config.out`` (replaced whole, never left half written)."""
-    if config.out is None:
+    save_report(config.out, result)
+
+
+def save_report(out: Path | None, result: dict[str, Any]) -> None:
+    """The report so far, to ``out`` (replaced whole, never left half written)."""
+    if out is None:
         return
-    config.out.parent.mkdir(parents=True, exist_ok=True)
-    partial = config.out.with_suffix(".partial")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
     partial.write_text(json.dumps(result, indent=2) + "\n")
-    partial.replace(config.out)
+    partial.replace(out)
 
 
 # Put on every node while the sessions beyond ``sessions`` are made: their owner pods
@@ -370,7 +396,7 @@ def _save(config: ClusterBenchConfig, result: dict[str, Any]) -> None:
 FULL_TAINT: Final = {"key": "shadowpod.dev/bench-full", "value": "true", "effect": "NoSchedule"}
 
 
-async def _taint_nodes(api: KubeApi, *, on: bool) -> list[str]:
+async def taint_nodes(api: KubeApi, *, on: bool) -> list[str]:
     tainted = []
     for node in await api.list("/api/v1/nodes"):
         taints = [t for t in (node["spec"].get("taints") or []) if t["key"] != FULL_TAINT["key"]]
@@ -397,7 +423,7 @@ async def run_cluster_bench(config: ClusterBenchConfig) -> dict[str, Any]:
     }
     gateway = GatewayProcess(config.workdir / "gateway", host=config.gateway_host)
     await gateway.start()
-    operator = OperatorProcess(config, gateway)
+    operator = OperatorProcess(config.kubeconfig, config.namespace, config.workdir, gateway)
     timeline = Timeline()
     watches: list[asyncio.Task[None]] = []
     tainted = False
@@ -436,7 +462,7 @@ async def run_cluster_bench(config: ClusterBenchConfig) -> dict[str, Any]:
                 save("image_change")
             if "idle-many" in config.parts and config.idle_sessions > config.sessions:
                 tainted = True
-                result["tainted_nodes"] = await _taint_nodes(api, on=True)
+                result["tainted_nodes"] = await taint_nodes(api, on=True)
                 await _create(api, config, range(config.sessions, config.idle_sessions), 20.0)
                 everyone = {f"s{i:04d}" for i in range(config.idle_sessions)}
                 made = await _until(lambda: everyone <= timeline.owner_pod.keys(), config.timeout_s)
@@ -444,7 +470,7 @@ async def run_cluster_bench(config: ClusterBenchConfig) -> dict[str, Any]:
                     cluster, operator, config, config.idle_sessions, restart=False
                 )
                 idle["every_owner_pod_made"] = made
-                pods = await api.list(namespaced("pods", config.namespace))
+                pods = (await list_all(api, namespaced("pods", config.namespace)))[0]
                 for phase in ("Running", "Pending"):
                     idle[f"pods_{phase.lower()}"] = sum(
                         1 for p in pods if (p.get("status") or {}).get("phase") == phase
@@ -458,8 +484,8 @@ async def run_cluster_bench(config: ClusterBenchConfig) -> dict[str, Any]:
             await operator.stop()
             if tainted:
                 with contextlib.suppress(Exception):
-                    await _taint_nodes(api, on=False)
-            await _remove(api, config.namespace)
+                    await taint_nodes(api, on=False)
+            await remove_namespace(api, config.namespace)
             await gateway.stop()
     result["load_average_after"] = os.getloadavg()
     result["machine"] = probe.report()
@@ -491,7 +517,7 @@ async def _creation(api: KubeApi, timeline: Timeline, config: ClusterBenchConfig
         created[name] = time.monotonic()
         stamped[name] = made["metadata"]["creationTimestamp"]
     ready = await _ready_times(api, config, set(names_))
-    running_by_condition = [ready[n] - _seconds(stamped[n]) for n in names_ if n in ready]
+    running_by_condition = [ready[n] - seconds_of(stamped[n]) for n in names_ if n in ready]
     return {
         "sessions": config.sessions,
         "rate_per_s": config.rate,
@@ -501,7 +527,7 @@ async def _creation(api: KubeApi, timeline: Timeline, config: ClusterBenchConfig
         ),
         "create_to_owner_pod_by_creation_timestamps_s": percentiles(
             [
-                _seconds(timeline.owner_pod_created[n]) - _seconds(stamped[n])
+                seconds_of(timeline.owner_pod_created[n]) - seconds_of(stamped[n])
                 for n in names_
                 if n in timeline.owner_pod_created
             ]
@@ -524,20 +550,20 @@ async def _ready_times(
     deadline = time.monotonic() + config.timeout_s
     ready: dict[str, float] = {}
     while True:
-        for body in await api.list(namespaced("agentsessions", config.namespace)):
+        for body in (await list_all(api, namespaced("agentsessions", config.namespace)))[0]:
             name = body["metadata"]["name"]
             status = body.get("status") or {}
             if name not in wanted or name in ready or status.get("phase") != "Running":
                 continue
             for condition in status.get("conditions") or []:
                 if condition["type"] == "Ready" and condition["status"] == "True":
-                    ready[name] = _seconds(condition["lastTransitionTime"])
+                    ready[name] = seconds_of(condition["lastTransitionTime"])
         if wanted <= ready.keys() or time.monotonic() > deadline:
             return ready
         await asyncio.sleep(5.0)
 
 
-def _seconds(timestamp: str) -> float:
+def seconds_of(timestamp: str) -> float:
     return datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
@@ -546,7 +572,7 @@ async def _image_change(
 ) -> dict[str, Any]:
     """Each Running session's image changed at ``rate`` a second: until its
     AgentMigration is made; then until the moves end, and back to the image they run."""
-    listed = await api.list(namespaced("agentsessions", config.namespace))
+    listed = (await list_all(api, namespaced("agentsessions", config.namespace)))[0]
     running = {
         b["metadata"]["name"] for b in listed if (b.get("status") or {}).get("phase") == "Running"
     }
@@ -567,7 +593,7 @@ async def _image_change(
     # shadows' image cannot be pulled), before the sessions are idle again.
     deadline = time.monotonic() + 300.0
     while time.monotonic() < deadline:
-        for body in await api.list(namespaced("agentmigrations", config.namespace)):
+        for body in (await list_all(api, namespaced("agentmigrations", config.namespace)))[0]:
             timeline.on_migration("LISTED", body, time.monotonic())
         if migrations.keys() <= timeline.migration_ended.keys():
             break
@@ -580,8 +606,8 @@ async def _image_change(
             {"spec": {"image": config.image}},
         )
     made = {
-        m["metadata"]["name"]: _seconds(m["metadata"]["creationTimestamp"])
-        for m in await api.list(namespaced("agentmigrations", config.namespace))
+        m["metadata"]["name"]: seconds_of(m["metadata"]["creationTimestamp"])
+        for m in (await list_all(api, namespaced("agentmigrations", config.namespace)))[0]
     }
     ended: dict[str, int] = {}
     for m in migrations:
@@ -606,12 +632,12 @@ async def _image_change(
     }
 
 
-async def _remove(api: KubeApi, namespace: str) -> None:
+async def remove_namespace(api: KubeApi, namespace: str) -> None:
     """The operator is stopped: its finalizers come off what it left, then the
     namespace goes (the garbage collector takes the pods)."""
     with contextlib.suppress(Exception):
         for plural in ("agentsessions", "agentmigrations"):
-            for item in await api.list(namespaced(plural, namespace)):
+            for item in (await list_all(api, namespaced(plural, namespace)))[0]:
                 if item["metadata"].get("finalizers"):
                     await api.patch(
                         namespaced(plural, namespace, item["metadata"]["name"]),

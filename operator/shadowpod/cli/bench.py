@@ -721,6 +721,135 @@ def _print_cluster(report: dict[str, Any]) -> None:
     Console().print(f"machine: {_machine(report)}")
 
 
+@bench.command("cluster-scale")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("/var/lib/shadowpod-cluster/admin.kubeconfig"),
+    show_default=True,
+    help="The cluster's kubeconfig (by default `make cluster`'s).",
+)
+@click.option(
+    "--steps",
+    default="100,1000,10000",
+    show_default=True,
+    help="Session counts (comma-separated, increasing) at which the idle cost is measured.",
+)
+@click.option("--rate", default=40.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--bumped", default=100, show_default=True, type=click.IntRange(min=0))
+@click.option("--bump-rate", default=10.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option(
+    "--bump-at",
+    default="1000",
+    show_default=True,
+    help="Steps after which --bumped sessions have their image changed (and after the "
+    "last step reached, always).",
+)
+@click.option("--window", "window_s", default=60.0, show_default=True, type=float)
+@click.option(
+    "--budget",
+    "budget_s",
+    default=1200.0,
+    show_default=True,
+    type=float,
+    help="Seconds after which no new step starts (the shared cluster's hold).",
+)
+@click.option("--reconcile-interval", default=30.0, show_default=True, type=float)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/tmp/shadowpod-bench-cluster-scale"),
+    show_default=True,
+)
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the report here as each step is measured (a stopped run keeps its steps).",
+)
+@click.option(
+    "--no-cleanup",
+    is_flag=True,
+    help="Leave the sessions made (for a cluster taken down after the run).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def cluster_scale(
+    kubeconfig: Path,
+    steps: str,
+    rate: float,
+    bumped: int,
+    bump_rate: float,
+    bump_at: str,
+    window_s: float,
+    budget_s: float,
+    reconcile_interval: float,
+    workdir: Path,
+    out: Path | None,
+    no_cleanup: bool,
+    as_json: bool,
+) -> None:
+    """The operator's cost at rest as sessions grow, on a real control plane (pods on a
+    hollow node): its API and gateway requests a second and its RSS at each step, and
+    image change → AgentMigration (p50/p99)."""
+    from shadowpod.bench.cluster_scale import ScaleBenchConfig, run_scale_bench
+
+    counts = _counts(steps, "--steps")
+    if list(counts) != sorted(set(counts)):
+        raise click.BadParameter(
+            "give increasing session counts, e.g. 100,1000", param_hint="--steps"
+        )
+    config = ScaleBenchConfig(
+        kubeconfig=kubeconfig,
+        steps=counts,
+        rate=rate,
+        bumped=bumped,
+        bump_rate=bump_rate,
+        bump_at=frozenset(_counts(bump_at, "--bump-at")),
+        window_s=window_s,
+        budget_s=budget_s,
+        reconcile_interval_s=reconcile_interval,
+        workdir=workdir,
+        out=out,
+        cleanup=not no_cleanup,
+    )
+    _run_and_report("cluster-scale", run_scale_bench(config), _print_cluster_scale, as_json, False)
+
+
+def _counts(text: str, option: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{text!r} is not a list of numbers, e.g. 100,1000", param_hint=option
+        ) from None
+    if any(c < 1 for c in counts):
+        raise click.BadParameter("every count is at least 1", param_hint=option)
+    return counts
+
+
+def _print_cluster_scale(report: dict[str, Any]) -> None:
+    table = Table(title="operator at rest, by sessions (real control plane, hollow node)")
+    for column in ("sessions", "running", "operator → API /s", "→ gateway /s", "operator RSS MB"):
+        table.add_column(column, justify="right")
+    for step in report["steps"]:
+        idle = step["idle"]
+        rss = (idle["rss_mb"].get("operator") or {}).get("rss")
+        table.add_row(
+            f"{step['sessions']:,}",
+            f"{step['running']:,}",
+            str(idle["operator_api_requests_per_s"]),
+            str(idle["operator_gateway_requests_per_s"]),
+            str(rss),
+        )
+    Console().print(table)
+    for bump in report["bumps"]:
+        figure = bump["image_change_to_migration_s"]
+        Console().print(
+            f"image change → AgentMigration at {bump['sessions']:,} sessions: "
+            f"p50 {figure['p50']} s, p99 {figure['p99']} s (n={figure['n']})"
+        )
+    Console().print(f"machine: {_machine(report)}")
+
+
 @bench.command("langgraph")
 @click.option(
     "--turns",
