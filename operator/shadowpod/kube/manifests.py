@@ -292,7 +292,15 @@ def token_secret(
 def owner_budget(session: AgentSession) -> dict[str, Any]:
     """A PodDisruptionBudget that no eviction of the owner pod may pass: ``kubectl
     drain`` waits until the operator has moved the session live (as KubeVirt's
-    ``evictionStrategy: LiveMigrate`` does)."""
+    ``evictionStrategy: LiveMigrate`` does).
+
+    ``minAvailable: 1``, not ``maxUnavailable: 0``: the disruption controller computes
+    ``maxUnavailable`` from the scale of the pod's controller, and an AgentSession has
+    no scale subresource, so such a budget is never computed — failed safe and retried
+    with a Warning event, for every session, for as long as it exists (on the real API
+    server: ~1.5 requests/s for 100 idle sessions, growing with them). An integer
+    ``minAvailable`` needs no scale: with its one owner pod ready, no eviction is
+    allowed."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
@@ -303,7 +311,7 @@ def owner_budget(session: AgentSession) -> dict[str, Any]:
             "ownerReferences": [owner_reference(session)],
         },
         "spec": {
-            "maxUnavailable": 0,
+            "minAvailable": 1,
             "selector": {"matchLabels": names.owner_selector(_name(session))},
         },
     }

@@ -250,11 +250,14 @@ async def ensure_budget(ctx: OperatorContext, session: AgentSession) -> None:
     )
     wanted = session.spec.migration.eviction_strategy is EvictionStrategy.LIVE_MIGRATE
     existing = await ctx.api.get(path)
+    budget = manifests.owner_budget(session)
     if wanted and existing is None:
         with contextlib.suppress(AlreadyExists):
-            await ctx.api.create(
-                namespaced("poddisruptionbudgets", namespace), manifests.owner_budget(session)
-            )
+            await ctx.api.create(namespaced("poddisruptionbudgets", namespace), budget)
+    elif wanted and existing is not None and existing.get("spec") != budget["spec"]:
+        # One an earlier operator made (``maxUnavailable: 0``, which the disruption
+        # controller cannot compute for a pod an AgentSession owns): made right.
+        await ctx.api.patch(path, {"spec": {"maxUnavailable": None, **budget["spec"]}})
     elif not wanted and existing is not None:
         await ctx.api.delete(path)
 

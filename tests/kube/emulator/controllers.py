@@ -182,7 +182,7 @@ class Controllers:
             current = self.store.find(served, namespace, pdb["metadata"]["name"])
             if current is None:
                 continue
-            status = budget_status(current, in_namespace)
+            status = self._budget_status(current, in_namespace)
             pdb = current
             with contextlib.suppress(errors.ApiError):
                 self.store.write_status(served, pdb, {**(pdb.get("status") or {}), **status})
@@ -211,7 +211,7 @@ class Controllers:
         ):
             return  # as the API server: no budget guards a pod that is going or not running
         for pdb in budgets:
-            status = budget_status(pdb, pods)
+            status = self._budget_status(pdb, pods)
             if _healthy(pod):
                 refused = status["disruptionsAllowed"] <= 0
             else:
@@ -232,6 +232,48 @@ class Controllers:
                         }
                     ],
                 )
+
+    def _budget_status(self, pdb: Mapping[str, Any], pods: list[Any]) -> dict[str, Any]:
+        """The budget's status, as kube-controller-manager's disruption controller
+        writes it: a budget that needs its pods' scale (``maxUnavailable``, or
+        ``minAvailable`` as a percentage) whose pods' controller has no scale
+        subresource cannot be computed, and is failed safe (no disruption allowed,
+        ``SyncFailed``; the real controller retries it, with a Warning event, for as
+        long as it exists)."""
+        spec = pdb.get("spec") or {}
+        minimum = spec.get("minAvailable")
+        if spec.get("maxUnavailable") is not None or isinstance(minimum, str):
+            covered = [p for p in pods if _selector(pdb).matches(p["metadata"].get("labels"))]
+            if (failure := self._unscalable(covered)) is not None:
+                return fail_safe(pdb, failure)
+        return budget_status(pdb, pods)
+
+    def _unscalable(self, pods: list[Any]) -> str | None:
+        """Why the scale of ``pods``' controllers cannot be read, if it cannot (a pod
+        with no controller is left out, as the real controller does)."""
+        for pod in pods:
+            refs = pod["metadata"].get("ownerReferences") or []
+            ref = next((r for r in refs if r.get("controller")), None)
+            if ref is None:
+                continue
+            group = ref["apiVersion"].rpartition("/")[0]
+            if (group, ref["kind"]) in SCALABLE_BUILT_IN:
+                continue
+            crd = next(
+                (
+                    c
+                    for c in self.store.all_of(self._served(CRDS))
+                    if c["spec"]["group"] == group and c["spec"]["names"]["kind"] == ref["kind"]
+                ),
+                None,
+            )
+            versions = [] if crd is None else crd["spec"]["versions"]
+            if not any((v.get("subresources") or {}).get("scale") is not None for v in versions):
+                plural = (
+                    ref["kind"].lower() + "s" if crd is None else crd["spec"]["names"]["plural"]
+                )
+                return f"{plural}.{group} does not implement the scale subresource"
+        return None
 
     def _served(self, resource: kmock.resource) -> ServedResource:
         served = self.served_by_key(resource)
@@ -254,6 +296,34 @@ def _count(value: Any, expected: int) -> int:
     if isinstance(value, str) and value.endswith("%"):
         return math.ceil(expected * int(value[:-1]) / 100)
     return int(value)
+
+
+# The controllers kube-controller-manager reads a scale of without a scale client.
+SCALABLE_BUILT_IN = frozenset(
+    {
+        ("apps", "ReplicaSet"),
+        ("apps", "Deployment"),
+        ("apps", "StatefulSet"),
+        ("", "ReplicationController"),
+    }
+)
+
+
+def fail_safe(pdb: Mapping[str, Any], failure: str) -> dict[str, Any]:
+    """The disruption controller's ``failSafe``: the status kept, no disruption allowed."""
+    status = dict(pdb.get("status") or {})
+    conditions = [c for c in status.get("conditions") or [] if c.get("type") != "DisruptionAllowed"]
+    conditions.append(
+        {
+            "type": "DisruptionAllowed",
+            "status": "False",
+            "reason": "SyncFailed",
+            "message": failure,
+            "lastTransitionTime": now(),
+            "observedGeneration": status.get("observedGeneration", 0),
+        }
+    )
+    return {**status, "disruptionsAllowed": 0, "conditions": conditions}
 
 
 def budget_status(pdb: Mapping[str, Any], pods: list[Mapping[str, Any]]) -> dict[str, Any]:
