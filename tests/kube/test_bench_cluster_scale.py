@@ -32,6 +32,7 @@ async def test_the_scale_bench_measures_steady_sessions_at_each_step(
         bump_at=frozenset({3}),
         window_s=3.0,
         settle_s=1.0,
+        quiet_max_s=60.0,
         step_timeout_s=120.0,
         reconcile_interval_s=1.0,
         workdir=tmp_path / "work",
@@ -45,6 +46,7 @@ async def test_the_scale_bench_measures_steady_sessions_at_each_step(
     for step in report["steps"]:
         assert step["every_session_running"], step
         assert step["running"] == step["sessions"]
+        assert step["settle"]["went_quiet"], step
         idle = step["idle"]
         # Steady sessions keep no periodic pass: the operator asks the API server for
         # nothing while nothing changes, and the gateway for its one look a period.

@@ -66,6 +66,7 @@ from shadowpod.kube.models.v1alpha1 import API_VERSION, GROUP
 from shadowpod.local.gateway_process import GatewayProcess
 
 CLUSTER_RUN: Final = Path("/var/lib/shadowpod-cluster/run")
+QUIET_PROBE_S: Final = 15.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class ScaleBenchConfig:
     bump_at: frozenset[int] = frozenset({1000})
     window_s: float = 60.0
     settle_s: float = 15.0
+    quiet_max_s: float = 240.0
     step_timeout_s: float = 900.0
     budget_s: float = 1200.0
     reconcile_interval_s: float = 30.0
@@ -227,6 +229,23 @@ async def _create(
         await asyncio.sleep(max(0.0, began + n / config.rate - time.monotonic()))
         tasks.append(asyncio.create_task(one(session_name(i))))
     await asyncio.gather(*tasks)
+
+
+async def _quiet(operator: OperatorProcess, config: ScaleBenchConfig) -> dict[str, Any]:
+    """Until the operator has caught up with what the step's creations told it (its
+    API requests under one in ``QUIET_PROBE_S``), at most ``quiet_max_s``: on a loaded
+    machine its handlers run minutes behind the watch events. How long it took, and
+    whether it went quiet at all (if not, the window measures work still owed — or a
+    cost that does not stop)."""
+    began = time.monotonic()
+    while True:
+        before = (await _scrape(operator.metrics_port)).get("api", 0)
+        await asyncio.sleep(QUIET_PROBE_S)
+        after = (await _scrape(operator.metrics_port)).get("api", 0)
+        quiet = after - before < 1
+        waited = time.monotonic() - began
+        if quiet or waited >= config.quiet_max_s:
+            return {"went_quiet": quiet, "waited_s": round(waited, 1)}
 
 
 async def _idle(
@@ -463,6 +482,7 @@ async def _steps(
             "phases": state.phases(),
         }
         await asyncio.sleep(config.settle_s)
+        figures["settle"] = await _quiet(operator, config)
         figures["idle"] = await _idle(cluster, operator, gateway, state, config)
         result["steps"].append(figures)
         result["watch_breaks"] = cluster.watch_breaks
