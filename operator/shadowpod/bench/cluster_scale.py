@@ -37,6 +37,7 @@ import contextlib
 import os
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -292,9 +293,19 @@ async def _idle(
 
 
 async def _bump(
-    api: KubeApi, state: Sessions, config: ScaleBenchConfig, done: set[str]
+    api: KubeApi,
+    cluster: Cluster,
+    operator: OperatorProcess,
+    state: Sessions,
+    config: ScaleBenchConfig,
+    done: set[str],
+    progress: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """``bumped`` running sessions not bumped before: image changed → AgentMigration."""
+    """``bumped`` running sessions not bumped before: image changed → AgentMigration;
+    and who asked the API server for what meanwhile (the moves that follow are what
+    load it)."""
+    api_before, ours_before = await _apiserver(cluster), await _scrape(operator.metrics_port)
+    bump_began = time.monotonic()
     chosen = [n for n in sorted(state.running) if n not in done][: config.bumped]
     done.update(chosen)
     sent: dict[str, float] = {}
@@ -311,6 +322,19 @@ async def _bump(
         generation = int(((patched or {}).get("metadata") or {}).get("generation") or 0)
         wanted[names.image_migration(name, generation)] = name
     made = await _until(lambda: wanted.keys() <= state.migration_added.keys(), 120.0)
+    partial = {
+        "sessions": len(state.bodies),
+        "bumped": len(chosen),
+        "every_migration_made": made,
+        "image_change_to_migration_s": percentiles(
+            [
+                state.migration_added[m] - sent[n]
+                for m, n in wanted.items()
+                if m in state.migration_added
+            ]
+        ),
+    }
+    progress(partial)  # kept if the run is stopped while the moves end
     ended = await _until(lambda: wanted.keys() <= state.migration_result.keys(), 180.0)
     outcomes: dict[str, int] = {}
     for migration in wanted:
@@ -320,11 +344,19 @@ async def _bump(
         m: seconds_of(state_body["metadata"]["creationTimestamp"])
         for m, state_body in (await _migrations(api, config, set(wanted))).items()
     }
+    seconds = time.monotonic() - bump_began
+    api_after, ours_after = await _apiserver(cluster), await _scrape(operator.metrics_port)
     for name in chosen:  # back to the image they run: steady again, no move
         await api.patch(
             namespaced("agentsessions", config.namespace, name), {"spec": {"image": config.image}}
         )
     return {
+        "seconds": round(seconds, 1),
+        "operator_requests_per_s": {
+            to: round((ours_after.get(to, 0) - ours_before.get(to, 0)) / seconds, 3)
+            for to in ("api", "gateway")
+        },
+        "apiserver_by_resource": dict(list(rates(api_before, api_after, seconds).items())[:15]),
         "sessions": len(state.bodies),
         "bumped": len(chosen),
         "rate_per_s": config.bump_rate,
@@ -491,7 +523,16 @@ async def _steps(
             config.budget_s - (time.monotonic() - started) < config.window_s * 2
         )
         if step in config.bump_at or last:
-            result["bumps"].append(await _bump(api, state, config, bumped))
+            bumps: list[dict[str, Any]] = result["bumps"]
+            at = len(bumps)
+
+            def progress(
+                partial: dict[str, Any], at: int = at, bumps: list[dict[str, Any]] = bumps
+            ) -> None:
+                bumps[at:] = [{**partial, "partial": True}]
+                save_report(config.out, result)
+
+            bumps[at:] = [await _bump(api, cluster, operator, state, config, bumped, progress)]
             save_report(config.out, result)
         if not every:
             result["stopped_after_step"] = step
