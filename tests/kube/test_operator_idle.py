@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from shadowpod.api.models import SessionPosition
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.ownership import FenceState
+from shadowpod.kube import sessions
 from shadowpod.kube.models.v1alpha1 import JournalStatus
+from shadowpod.kube.models.v1alpha1.session import MigrationSummary
 from shadowpod.kube.positions import differences
 from tests.kube.conftest import local_images
 from tests.kube.connection import KubeConnection
@@ -149,3 +153,31 @@ def test_a_look_at_the_positions_writes_moved_journals_and_passes_over_disagreem
     found = differences(watched, positions)
     assert found.journals == {("ns", "moved"): JournalStatus(head_seq=9, acked_seq=0)}
     assert sorted(found.passes) == [("ns", "lost"), ("ns", "new-epoch"), ("ns", "woken")]
+
+
+def _session_after(seen: sessions.Observed) -> dict[str, Any]:
+    """A session's body with the status the operator writes for ``seen``."""
+    body: dict[str, Any] = {
+        "apiVersion": "shadowpod.dev/v1alpha1",
+        "kind": "AgentSession",
+        "metadata": {"name": "s1", "namespace": "default", "generation": 3},
+        "spec": {"image": "refagent:v1"},
+    }
+    body["status"] = sessions.status_patch(sessions.session_status(body, seen))["status"]
+    return body
+
+
+def test_a_session_whose_last_move_was_rolled_back_keeps_no_periodic_pass() -> None:
+    # Run on the real API server: 100 sessions bumped to an image no node has, each
+    # move rolled back, the image put back: each kept a pass every period, for ever
+    # (after a rollout failed everywhere, an idle cost that grows with sessions).
+    rolled_back = MigrationSummary(name="s1-g2", result="RolledBack", reason="PhaseTimeout")
+    steady = sessions.Observed(
+        phase="Running", epoch=2, owner="s1-x", ready=True, image="refagent:v1", last=rolled_back
+    )
+    body = _session_after(steady)
+    assert {c["type"]: c["status"] for c in body["status"]["conditions"]}["Degraded"] == "True"
+    assert not sessions.needs_passes(body)
+    # Degraded by what a pass re-checks (a missing Secret): the passes go on.
+    missing = sessions.Problem("SecretNotFound", "credential 'mail' refers to Secret 'x'")
+    assert sessions.needs_passes(_session_after(replace(steady, degraded=missing)))

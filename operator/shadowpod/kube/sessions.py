@@ -753,12 +753,26 @@ def needs_passes(body: Mapping[str, Any], **_: Any) -> bool:
     if status.get("activeMigration") or status.get("epoch") is None:
         return True
     state = {c.get("type"): c.get("status") for c in status.get("conditions", [])}
-    if state.get("Degraded") != "False":
+    if state.get("Degraded") != "False" and not _degraded_by_last_move(status):
         return True
     phase = status.get("phase")
     if phase == "Suspended":
         return False
     return phase != "Running" or state.get("Ready") != "True" or bool(spec.get("idleSuspendAfter"))
+
+
+def _degraded_by_last_move(status: Mapping[str, Any]) -> bool:
+    """Degraded only because its last migration failed or was rolled back: it runs on
+    as before, and what would change that (a new spec, its pod) is a watch event. A
+    periodic pass for it would cost O(sessions) after a rollout that failed
+    everywhere."""
+    last = status.get("lastMigration") or {}
+    degraded = next((c for c in status.get("conditions", []) if c.get("type") == "Degraded"), {})
+    return (
+        degraded.get("status") == "True"
+        and last.get("result") in ("RolledBack", "Failed")
+        and str(degraded.get("message", "")).startswith(f"AgentMigration {last.get('name')} ")
+    )
 
 
 def watched(ctx: OperatorContext, body: Mapping[str, Any], *, gone: bool) -> None:
