@@ -767,7 +767,9 @@ def _degraded_by_last_move(status: Mapping[str, Any]) -> bool:
     periodic pass for it would cost O(sessions) after a rollout that failed
     everywhere."""
     last = status.get("lastMigration") or {}
-    degraded = next((c for c in status.get("conditions", []) if c.get("type") == "Degraded"), {})
+    degraded: Mapping[str, Any] = next(
+        (c for c in status.get("conditions", []) if c.get("type") == "Degraded"), {}
+    )
     return (
         degraded.get("status") == "True"
         and last.get("result") in ("RolledBack", "Failed")
