@@ -3,12 +3,17 @@ applied again after every snapshot the owner stores."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
+from pathlib import Path
+
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shadowpod.api.models import CreateSession, ForkFrom
 from shadowpod.client.gateway import GatewayClient, GatewayError
+from shadowpod.gates.golden import GoldenFile
 from tests.gateway.conftest import CONTROL, Session, ack, call, reply
 
 
@@ -90,3 +95,42 @@ async def test_journal_sizes_are_per_namespace_in_metrics_and_per_session_in_the
     assert samples[("shadowpod_journal_entries", "team-a")] == 3 + 2 + 1
     assert samples[("shadowpod_journal_entries", "")] == 4
     assert samples[("shadowpod_journal_sessions", "team-a")] == 3
+
+
+async def _golden_record(url: str, token_file: Path, session: str, *args: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "shadowpod", "golden", "record", "--gateway", url,
+        "--token-file", str(token_file), "--session", session, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, stdout.decode() + stderr.decode()
+
+
+async def test_golden_record_of_a_truncated_journal_says_where_a_golden_can_start(
+    url: str,
+    control: GatewayClient,
+    agent: GatewayClient,
+    client: GatewayClient,
+    owned: Session,
+    tmp_path: Path,
+) -> None:
+    await _turns(client, agent, owned.name, 4)
+    for watermark in (4, 7):
+        await _snapshot(agent, owned.name, watermark)
+    await control.set_retention(owned.name, 1)  # the journal through seq 7 is gone
+    token_file = tmp_path / "token"
+    token_file.write_text(CONTROL + "\n")
+    output = tmp_path / "golden.jsonl"
+
+    code, said = await _golden_record(url, token_file, owned.name, "-o", str(output))
+    assert code == 2, said
+    assert "truncated by retention before seq 1: record from seq 8 or later (--from)" in said
+    assert not output.exists()
+
+    code, said = await _golden_record(url, token_file, owned.name, "--from", "8", "-o", str(output))
+    assert code == 0, said
+    golden = GoldenFile.read(output)
+    assert golden.header.from_seq == 8
+    assert [e.seq for e in golden.entries] == [8, 9, 10, 11, 12, 13]
