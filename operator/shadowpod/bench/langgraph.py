@@ -80,6 +80,7 @@ class LangGraphBenchConfig:
     samples: int = 5  # turns measured at each length (the median is reported)
     sqlite_max_turns: int = 1_000
     tool_max_turns: int = 1_000  # tool-calling turns are driven up to this length
+    tool_columns: tuple[str, ...] = tuple(name for name, _, _ in TOOL_COLUMNS)
     workdir: Path | None = None
     loop_steps: int = LOOP_STEPS
 
@@ -264,6 +265,8 @@ async def run_langgraph_bench(config: LangGraphBenchConfig) -> dict[str, Any]:
         tool_lengths = tuple(n for n in config.lengths if n <= config.tool_max_turns)
         tool_turns: dict[str, Any] = {}
         for name, saver, kind in TOOL_COLUMNS:
+            if name not in config.tool_columns:
+                continue
             (workdir / name).mkdir()
             run = _shadowpod if saver == "shadowpod" else _sqlite
             tool_turns[name] = await run(config, workdir / name, kind, TOOL_MESSAGE, tool_lengths)
@@ -272,14 +275,21 @@ async def run_langgraph_bench(config: LangGraphBenchConfig) -> dict[str, Any]:
     report: dict[str, Any] = {
         "benchmark": "langgraph",
         "agent": f"examples/{EXAMPLE} (StateGraph, scripted tool-calling chat model)",
-        "config": {"lengths": list(config.lengths), "samples": config.samples},
+        "config": {
+            "lengths": list(config.lengths),
+            "samples": config.samples,
+            "sqlite_max_turns": config.sqlite_max_turns,
+            "tool_max_turns": config.tool_max_turns,
+        },
         "savers": {"shadowpod": shadowpod, "langgraph_sqlite": sqlite},
         "ratios_sqlite_over_shadowpod": _ratios(sqlite, shadowpod),
         "tool_turns": tool_turns,
         "ratios_delta_channel_over_create_react_agent": _ratios(
             tool_turns["langgraph_sqlite_delta_channel"],
             tool_turns["shadowpod_create_react_agent"],
-        ),
+        )
+        if {"langgraph_sqlite_delta_channel", "shadowpod_create_react_agent"} <= tool_turns.keys()
+        else {},
         "machine": machine.report(),
     }
     report["targets"] = _targets(report)

@@ -738,6 +738,19 @@ def _print_cluster(report: dict[str, Any]) -> None:
     help="Longest conversation driven with LangGraph's SQLite saver (its file grows "
     "with the square of the turns).",
 )
+@click.option(
+    "--tool-max-turns",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Longest conversation of tool-calling turns (default: --sqlite-max-turns).",
+)
+@click.option(
+    "--tool-columns",
+    default=None,
+    help="The tool-calling columns to run, comma-separated (default: all of "
+    "shadowpod_create_react_agent, shadowpod_create_agent, shadowpod_custom_graph, "
+    "langgraph_sqlite_delta_channel).",
+)
 @_workdir("Where the SQLite files are created (default: the system temp dir).")
 @click.option("--quick", is_flag=True, help="10 and 100 turns: checks that it runs.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -746,6 +759,8 @@ def langgraph(
     lengths: str,
     samples: int,
     sqlite_max_turns: int,
+    tool_max_turns: int | None,
+    tool_columns: str | None,
     workdir: Path | None,
     quick: bool,
     as_json: bool,
@@ -754,7 +769,11 @@ def langgraph(
     """A LangGraph agent with LangGraph's SQLite saver and with Shadowpod's checkpointer:
     one more turn (ms, bytes) as the conversation grows. Needs the langgraph extra."""
     try:
-        from shadowpod.bench.langgraph import LangGraphBenchConfig, run_langgraph_bench
+        from shadowpod.bench.langgraph import (
+            TOOL_COLUMNS,
+            LangGraphBenchConfig,
+            run_langgraph_bench,
+        )
     except ImportError as exc:
         fail(f"{exc}: install the extra, pip install 'shadowpod[langgraph]'", 2)
     try:
@@ -763,11 +782,16 @@ def langgraph(
         fail(f"--turns {lengths!r}: give comma-separated whole numbers, e.g. 10,1000", 2)
     if min(turns) < 1:
         fail("--turns: every length is at least 1", 2)
+    known = [name for name, _, _ in TOOL_COLUMNS]
+    columns = tuple(known if tool_columns is None else tool_columns.split(","))
+    if not columns or any(name not in known for name in columns):
+        fail(f"--tool-columns {tool_columns!r}: name some of {', '.join(known)}", 2)
     config = LangGraphBenchConfig(
         lengths=turns,
         samples=samples,
         sqlite_max_turns=max(turns) if quick else sqlite_max_turns,
-        tool_max_turns=max(turns) if quick else sqlite_max_turns,
+        tool_max_turns=max(turns) if quick else (tool_max_turns or sqlite_max_turns),
+        tool_columns=columns,
         workdir=workdir,
     )
     _run_and_report("langgraph", run_langgraph_bench(config), _print_langgraph, as_json, check)
