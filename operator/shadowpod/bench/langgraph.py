@@ -187,9 +187,10 @@ async def _sqlite(
     message: str = MESSAGE,
     lengths: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    lengths = tuple(
-        n for n in (config.lengths if lengths is None else lengths) if n <= config.sqlite_max_turns
-    )
+    # Plain turns stop at ``sqlite_max_turns`` (the file grows with their square);
+    # tool-calling turns (``lengths`` given) at ``tool_max_turns``.
+    most = config.sqlite_max_turns if lengths is None else config.tool_max_turns
+    lengths = tuple(n for n in (config.lengths if lengths is None else lengths) if n <= most)
     async with AsyncSqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
         graph = _build_graph()(saver, kind)
         saving = _Stopwatch()
@@ -208,13 +209,9 @@ async def _sqlite(
         result = await _drive(
             config, lengths, turn, lambda: _file_bytes(workdir / "checkpoints.db"), message
         )
-    skipped = [n for n in config.lengths if n > config.sqlite_max_turns]
+    skipped = [n for n in config.lengths if n > most]
     if skipped:
-        result["not_run"] = {
-            str(n): f"beyond --sqlite-max-turns {config.sqlite_max_turns}: its file grows "
-            "with the square of the turns"
-            for n in skipped
-        }
+        result["not_run"] = {str(n): f"beyond the longest asked, {most} turns" for n in skipped}
     return result
 
 
