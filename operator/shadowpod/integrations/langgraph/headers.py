@@ -89,30 +89,55 @@ def writes_of(data: dict[str, Any], checkpoint_id: str) -> dict[str, Any]:
     return nested if not apart else {**apart, **nested}
 
 
-def resolve(data: dict[str, Any], checkpoint_id: str, decode: Decode) -> Resolved | None:
+def resolve(
+    data: dict[str, Any],
+    checkpoint_id: str,
+    decode: Decode,
+    memo: dict[str, Resolved] | None = None,
+) -> Resolved | None:
     """The header of ``checkpoint_id`` in full, from its chain; ``None``: no such
-    checkpoint, or its chain is broken (a parent it reads is gone)."""
-    chain: list[dict[str, Any]] = []
-    header = stored_header(data, checkpoint_id)
-    while header is not None and DELTA in header:
-        chain.append(header[DELTA])
+    checkpoint, or its chain is broken (a parent it reads is gone). ``memo``: headers
+    resolved before, by id (read, and added to): resolving every header of a thread
+    (pruning) then reads each change once."""
+    chain: list[tuple[str, dict[str, Any]]] = []
+    cid: str | None = checkpoint_id
+    header = stored_header(data, cid)
+    base = None
+    while header is not None:
+        if memo is not None and cid in memo:
+            base = memo[cid]
+            break
+        if DELTA not in header:
+            base = Resolved(
+                dict(decode(header["versions"])),
+                {node: dict(seen) for node, seen in decode(header["seen"]).items()},
+                dict(header.get(HELD, {})),
+                0,
+            )
+            if memo is not None:
+                memo[str(cid)] = base
+            break
+        chain.append((str(cid), header[DELTA]))
         if len(chain) > FULL_EVERY:  # never written so: a cycle, or not ours
             return None
-        header = stored_header(data, header["parent"])
-    if header is None:
+        cid = header["parent"]
+        header = stored_header(data, cid)
+    if base is None:
         return None
-    versions = dict(decode(header["versions"]))
-    seen = {node: dict(seen) for node, seen in decode(header["seen"]).items()}
-    held = dict(header.get(HELD, {}))
-    for change in reversed(chain):
+    for at, change in reversed(chain):
+        versions, held = dict(base.versions), dict(base.held)
         _apply_flat(versions, change["versions"], decode)
         _apply_flat(held, change[HELD], None)
-        changed_nodes = change["seen"][0]
-        for node, node_change in changed_nodes.items():
-            _apply_flat(seen.setdefault(node, {}), node_change, decode)
+        seen = dict(base.seen)
+        for node, node_change in change["seen"][0].items():
+            seen[node] = dict(seen.get(node, {}))
+            _apply_flat(seen[node], node_change, decode)
         for node in change["seen"][1] if len(change["seen"]) > 1 else ():
             seen.pop(node, None)
-    return Resolved(versions, seen, held, len(chain))
+        base = Resolved(versions, seen, held, base.depth + 1)
+        if memo is not None:
+            memo[at] = base
+    return base
 
 
 def as_change(parent: Resolved, header: Resolved, encode: Encode) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ from typing import Any, Final
 from shadowpod.integrations.langgraph.headers import (
     DELTA,
     Codec,
+    Resolved,
     bucket,
     resolve,
     rewritten_whole,
@@ -104,8 +105,9 @@ def plan_removal(
     live: dict[str, set[str]] = {}
     read_by_headers: dict[str, set[int]] = {}
     gone = set(dropped)
-    for cid in kept & headers.keys():
-        resolved = resolve(data, cid, codec.decode)
+    memo: dict[str, Resolved] = {}
+    for cid in sorted(kept & headers.keys()):
+        resolved = resolve(data, cid, codec.decode, memo)
         if resolved is None:
             continue
         # Its parent goes: written whole, it is where its descendants' chains end.

@@ -7,24 +7,29 @@ writes them as deltas, so one more turn costs the same at turn 10 and at turn
 10,000 — where a saver that stores every channel version whole (LangGraph's
 ``SqliteSaver``) writes the whole conversation again at every step:
 
-- a checkpoint is its header (id, parent, channel versions, metadata): a ``set``;
+- a checkpoint is its header (id, parent, channel versions, versions seen,
+  metadata): a ``set``, written as a change from its parent's header (only the
+  versions that changed; ``headers``: a chain of at most ``FULL_EVERY``, rebuilt
+  on read);
 - a list channel (``messages``) is an append-only log per channel, and each of its
   versions is a length of that log: a version that extends the last one appends its
   new items, one that shrank is a shorter length, anything else starts a new log;
 - any other channel version is stored as its value;
 - what a channel version holds, when small (a log's length, an empty channel, a
-  scalar), is in the header of each checkpoint that has it (``held``), not an entry
-  per channel and version of its own (which pruning would delete again one by one);
-- pending writes are stored under their checkpoint, by task and index, once per
+  scalar, a value of up to ``INLINE_MAX`` bytes: a turn's input), is in the header
+  of each checkpoint that has it (``held``), not an entry per channel and version of
+  its own (which pruning would delete again one by one);
+- pending writes are stored in their checkpoint's header (so pruning it is one
+  delete), by task and index, once per
   checkpoint: held until the next ``put`` (or the turn's end, a tool call's save
   point), so that an item both written and then appended to a log — each step's new
   message, a ``Send`` — is stored once, in the log, and referred to by the write;
 - ``latest`` is journaled once per save (the turn's end, a tool call's save point),
   not at every step.
 
-The maps that grow with the conversation (headers and writes by checkpoint id,
-channel versions) are split into ``BUCKETS`` fixed buckets by a stable hash of
-their key (``retention.bucket``), and a log into chunks of ``CHUNK`` items: a write
+The maps that grow with the conversation (headers by checkpoint id, channel
+versions) are split into ``BUCKETS`` fixed buckets by a stable hash of their key
+(``headers.bucket``), and a log into chunks of ``CHUNK`` items: a write
 copies (copy-on-write, in the turn and in every fold) one bucket or chunk, not a
 map of every checkpoint —
 so the CPU of one more turn, like its bytes, stays flat as the conversation grows.
