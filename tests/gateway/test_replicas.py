@@ -88,8 +88,7 @@ async def replicas(tmp_path: Path) -> AsyncIterator[Replicas]:
             )
         )
     try:
-        for process in processes:
-            await process.start()
+        await asyncio.gather(*(process.start() for process in processes))
         yield Replicas(processes, schema, token)
     finally:
         for process in processes:
@@ -158,7 +157,11 @@ class Owner:
                     if exc.status != 503:
                         raise
                     await asyncio.sleep(0.1)
-                except (OSError, TimeoutError):  # the replica died: another one
+                except (
+                    OSError,
+                    TimeoutError,
+                    aiohttp.ClientConnectionError,
+                ):  # the replica died: another one
                     await asyncio.sleep(0.1)
                     self.index = random.choice(self.replicas.alive())
 
@@ -188,7 +191,7 @@ async def _post(replicas: Replicas, n: int) -> float:
             except GatewayError as exc:
                 if exc.status != 503:
                     raise
-            except (OSError, TimeoutError):
+            except (OSError, TimeoutError, aiohttp.ClientConnectionError):
                 pass
         await asyncio.sleep(0.05)
 
@@ -343,7 +346,7 @@ async def _fires(replicas: Replicas, at_least: int) -> list[dict[str, Any]]:
                     if exc.status != 503:
                         raise
                     page = None
-                except (OSError, TimeoutError):
+                except (OSError, TimeoutError, aiohttp.ClientConnectionError):
                     page = None
             fired = [] if page is None else [e for e in page.events if e["payload"]["op"] == "fire"]
             if len(fired) >= at_least:
@@ -403,3 +406,153 @@ async def test_only_the_lease_holder_fires_and_a_new_holder_goes_on_after_a_kill
     counts = {n: await _fired_here(replicas.urls[n]) for n in others}
     assert counts[int(new_holder.removeprefix("gw"))] >= len(after)
     assert sorted(counts.values())[0] == 0, counts  # the third replica never fired
+
+
+class Shadow:
+    """A shadow catching up: it reads the journal page by page through random live
+    replicas (long-polling at the head), as the migration's target does."""
+
+    def __init__(self, replicas: Replicas, agent_token: str) -> None:
+        self.replicas = replicas
+        self.agent_token = agent_token
+        self.seen: list[JournalEntry] = []
+
+    async def run(self) -> None:
+        while True:
+            url = self.replicas.urls[random.choice(self.replicas.alive())]
+            after = self.seen[-1].seq if self.seen else 0
+            async with GatewayClient(url, self.agent_token, timeout_s=10) as agent:
+                try:
+                    entries, _ = await agent.journal(SESSION, after=after, wait_s=1)
+                    self.seen.extend(entries)
+                except GatewayError as exc:
+                    if exc.status != 503:
+                        raise
+                    await asyncio.sleep(0.1)
+                except (OSError, TimeoutError, aiohttp.ClientConnectionError):
+                    await asyncio.sleep(0.1)
+
+
+async def _control(replicas: Replicas, index: int, call: Any) -> Any:
+    """``call(client)`` through replica ``index``, asked again while it answers 503 (the
+    session's holder is dead and its lease not yet expired), as the engine does."""
+    async with asyncio.timeout(30):
+        while True:
+            async with GatewayClient(replicas.urls[index], replicas.token, timeout_s=30) as c:
+                try:
+                    return await call(c)
+                except GatewayError as exc:
+                    if exc.status != 503:
+                        raise
+            await asyncio.sleep(0.1)
+
+
+async def test_the_holder_killed_mid_migration_the_fence_is_retried_and_nothing_is_lost(
+    replicas: Replicas,
+) -> None:
+    """kill -9 of the lease holder while the fence, called through a third replica,
+    waits for the old owner's turn: the fence call fails (503), the engine's retry —
+    lift the fence left standing, fence again — reaches the new holder, and the
+    migration completes; or, if no retry gets through, it rolls back with the old owner
+    serving. Either way nothing is lost, doubled or reordered."""
+    agent_token = await _setup(replicas)
+    holder = await replicas.holder()
+    assert holder is not None
+    victim = int(holder.removeprefix("gw"))
+    owner_at, fence_through = [n for n in range(3) if n != victim]
+    old = Owner(replicas, agent_token, epoch=1, after=0, think_s=0.3)
+    old.index = owner_at
+    shadow = Shadow(replicas, agent_token)
+    tasks = [asyncio.create_task(old.run()), asyncio.create_task(shadow.run())]
+    count, fence_at = 30, 6
+    reached = asyncio.Event()
+    killed_at = 0.0
+    took_after_kill: list[float] = []
+
+    async def post_all() -> None:
+        for n in range(count):
+            await _post(replicas, n)
+            if killed_at and not took_after_kill:
+                took_after_kill.append(time.monotonic() - killed_at)
+            if n + 1 == fence_at:
+                reached.set()
+            await asyncio.sleep(0.02)
+
+    def ownership() -> Any:
+        return _control(replicas, fence_through, lambda c: c.ownership(SESSION))
+
+    def fence(timeout_s: float) -> Any:
+        request = FenceRequest(expect_epoch=1, new_owner="pod-b", timeout_s=timeout_s)
+        return _control(replicas, fence_through, lambda c: c.fence(SESSION, request))
+
+    posting = asyncio.create_task(post_all())
+    new: Owner | None = None
+    try:
+        await reached.wait()
+        first = asyncio.create_task(fence(20))
+        # The fence stands and waits for the old owner's turn in progress: kill the holder.
+        async with asyncio.timeout(10):
+            while True:
+                if (await ownership()).fence == "fenced":
+                    break
+                await asyncio.sleep(0.02)
+        await replicas.processes[victim].stop(kill=True)
+        killed_at = time.monotonic()
+        replicas.dead.add(victim)
+        fenced = None
+        with contextlib.suppress(GatewayError, OSError, TimeoutError):
+            fenced = await first  # else no answer: what became of it is read from the ownership
+        # The engine's retry (engine/fence_checks.py): read the ownership, lift a fence
+        # left standing with no exchange behind it, fence again.
+        for _ in range(3):
+            if fenced is not None:
+                break
+            current = await ownership()
+            if current.epoch == 2:
+                break
+            if current.fence == "fenced":
+                await _control(
+                    replicas, fence_through, lambda c: c.unfence(SESSION, expect_epoch=1)
+                )
+            try:
+                fenced = await fence(10)
+            except GatewayError as exc:
+                if exc.reason != "FenceTimeout":
+                    raise
+        current = await ownership()
+        completed = current.epoch == 2
+        if completed:
+            assert fenced is not None and current.owner == "pod-b"
+            await asyncio.wait_for(tasks[0], 10)
+            assert old.fenced
+            new = Owner(replicas, agent_token, epoch=2, after=fenced.acked)
+            new.index = fence_through
+            tasks.append(asyncio.create_task(new.run()))
+        else:  # rolled back: the old owner serves on, unfenced
+            assert current.epoch == 1 and current.fence == "open", current
+        await posting
+        entries = await _all_acked(replicas, agent_token, count)
+        async with asyncio.timeout(10):
+            while True:
+                if shadow.seen and shadow.seen[-1].seq >= entries[-1].seq:
+                    break
+                await asyncio.sleep(0.1)
+    finally:
+        posting.cancel()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(posting, *tasks, return_exceptions=True)
+    _check_exactly_once_in_order(entries, count)
+    assert completed, _summary(entries)  # with retries to spare, the migration completes
+    assert fenced is not None
+    assert not [e for e in entries if e.epoch == 1 and e.seq > fenced.fence_seq]
+    # The retried fence waited for the old owner's turn: none of its work was refused.
+    assert old.refused == []
+    # The shadow, reading through whichever replica answered, saw the journal as it is:
+    # every entry once, in order, no gap.
+    assert [e.seq for e in shadow.seen] == [e.seq for e in entries[: len(shadow.seen)]]
+    assert [e.seq for e in shadow.seen] == list(range(1, len(shadow.seen) + 1))
+    # A new holder served the session within the bound: the lease time after the kill.
+    assert took_after_kill and took_after_kill[0] <= TTL_S + 2.0, took_after_kill
+    new_holder = await replicas.holder()
+    assert new_holder is not None and new_holder != holder
