@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import re
 import secrets
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -556,3 +558,107 @@ async def test_the_holder_killed_mid_migration_the_fence_is_retried_and_nothing_
     assert took_after_kill and took_after_kill[0] <= TTL_S + 2.0, took_after_kill
     new_holder = await replicas.holder()
     assert new_holder is not None and new_holder != holder
+
+
+@contextlib.asynccontextmanager
+async def _frozen(replicas: Replicas, index: int) -> AsyncIterator[None]:
+    """Replica ``index`` stopped (SIGSTOP) while the block runs, then let go on (SIGCONT):
+    a replica cut off long enough for its leases to expire, which then comes back."""
+    process = replicas.processes[index].process
+    assert process is not None
+    replicas.dead.add(index)
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+
+
+async def test_a_replica_that_loses_the_lease_mid_fence_gives_up_the_fence_at_once(
+    replicas: Replicas,
+) -> None:
+    """The holder is frozen while its fence waits for the owner's turn; another replica
+    takes the session over. Back, the old holder can neither bump the epoch nor wait on
+    for an ack that now reaches the new holder: the fence answers 503 ``LeaseLost`` as
+    soon as the replica finds its lease gone, not at the fence's timeout, and the
+    operator's retry fences through the new holder."""
+    agent_token = await _setup(replicas)
+    holder = await replicas.holder()
+    assert holder is not None
+    victim = int(holder.removeprefix("gw"))
+    owner_at, fence_through = [n for n in range(3) if n != victim]
+    old = Owner(replicas, agent_token, epoch=1, after=0, think_s=2 * TTL_S)
+    old.index = owner_at
+    tasks = [asyncio.create_task(old.run())]
+    count = 6
+    try:
+        await _post(replicas, 0)  # the owner's long turn starts
+        async with asyncio.timeout(10):
+            while True:
+                if old.processed:
+                    break
+                await asyncio.sleep(0.05)
+        request = FenceRequest(expect_epoch=1, new_owner="pod-b", timeout_s=15)
+        async with GatewayClient(replicas.urls[fence_through], replicas.token) as control:
+            fencing = asyncio.create_task(control.fence(SESSION, request))
+            async with asyncio.timeout(10):
+                while True:
+                    if (await control.ownership(SESSION)).fence == "fenced":
+                        break
+                    await asyncio.sleep(0.02)
+            async with _frozen(replicas, victim):
+                await asyncio.sleep(TTL_S + 0.5)
+                await _post(replicas, 1)  # another replica takes the session over
+                assert await replicas.holder() not in (None, holder)
+            back = time.monotonic()
+            with pytest.raises(GatewayError) as refused:
+                await fencing
+            gave_up_s = time.monotonic() - back
+            assert (refused.value.status, refused.value.reason) == (503, "LeaseLost")
+            # It found its lease gone at its next renewal (every ttl / 3), not at the
+            # fence's timeout (15 s).
+            assert gave_up_s <= TTL_S, gave_up_s
+            assert (await control.ownership(SESSION)).epoch == 1  # nothing bumped
+            fenced = await _control(replicas, fence_through, lambda c: c.fence(SESSION, request))
+        await asyncio.wait_for(tasks[0], 10)
+        assert old.fenced
+        new = Owner(replicas, agent_token, epoch=2, after=fenced.acked)
+        new.index = fence_through
+        tasks.append(asyncio.create_task(new.run()))
+        for n in range(2, count):
+            await _post(replicas, n)
+        entries = await _all_acked(replicas, agent_token, count)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    _check_exactly_once_in_order(entries, count)
+    assert old.refused == []  # the fence through the new holder waited for its turn
+
+
+async def test_a_replica_that_lost_the_lease_delivers_nothing_more(replicas: Replicas) -> None:
+    """An owner's long-poll waiting on the holder when the holder is cut off and the
+    session taken over: back, the old holder releases nothing more to it (the new holder
+    does), it answers 503 ``LeaseLost`` and the owner asks again through the Service."""
+    agent_token = await _setup(replicas)
+    holder = await replicas.holder()
+    assert holder is not None
+    victim = int(holder.removeprefix("gw"))
+    async with GatewayClient(replicas.urls[victim], agent_token) as agent:
+        entries, released = await agent.owner_entries(SESSION, epoch=1, after=0)
+        after = entries[-1].seq
+        polling = asyncio.create_task(
+            agent.owner_entries(SESSION, epoch=1, after=after, released=released, wait_s=20)
+        )
+        await asyncio.sleep(0.3)  # waiting on the holder
+        async with _frozen(replicas, victim):
+            await asyncio.sleep(TTL_S + 0.5)
+            await _post(replicas, 0)  # another replica takes the session over
+        with pytest.raises(GatewayError) as stopped:  # not a delivery of m0
+            await polling
+        assert (stopped.value.status, stopped.value.reason) == (503, "LeaseLost")
+    other = next(n for n in range(3) if n != victim)
+    async with GatewayClient(replicas.urls[other], agent_token) as agent:
+        entries, released = await agent.owner_entries(SESSION, epoch=1, after=after)
+    assert [e.payload.get("content") for e in entries if _inbound(e)] == ["m0"]
+    assert released == entries[-1].seq

@@ -169,7 +169,9 @@ def _placement(gw: Gateway) -> Placement | None:
 
     replica = gw.config.replica_id or url
     leases.guard = replica  # the database refuses an epoch change by a replica that lost it
-    return Placement(leases, replica, url, ttl_s=gw.config.lease_ttl_s, on_lost=lost)
+    placement = Placement(leases, replica, url, ttl_s=gw.config.lease_ttl_s, on_lost=lost)
+    gw.serves = placement.holds
+    return placement
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
