@@ -569,6 +569,70 @@ def _print_lifecycle(report: dict[str, Any]) -> None:
     Console().print(f"machine: {_machine(report)}")
 
 
+@bench.command("scale")
+@click.option("--replicas", default=3, show_default=True, type=click.IntRange(min=1, max=16))
+@click.option("--sessions", default=10_000, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--rate", default=2_000.0, show_default=True, type=click.FloatRange(min=0.1),
+    help="Messages posted per second, in all (open loop).",
+)  # fmt: skip
+@click.option("--duration", default=20.0, show_default=True, type=click.FloatRange(min=1))
+@click.option(
+    "--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=1, max=3600),
+    help="The replicas' --lease-ttl: the takeover bound.",
+)  # fmt: skip
+@_dsn
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def scale(
+    replicas: int,
+    sessions: int,
+    rate: float,
+    duration: float,
+    lease_ttl: float,
+    dsn: str,
+    as_json: bool,
+) -> None:
+    """Gateway replicas on one PostgreSQL journal: client latency with one replica and
+    with REPLICAS, the takeover time of a killed replica's sessions, memory per replica."""
+    from shadowpod.bench.scale import ScaleBenchConfig, run_scale_bench
+
+    config = ScaleBenchConfig(
+        replicas=replicas,
+        sessions=sessions,
+        rate=rate,
+        duration_s=duration,
+        lease_ttl_s=lease_ttl,
+        dsn=dsn,
+    )
+    _run_and_report("scale", run_scale_bench(config), _print_scale, as_json, False)
+
+
+def _print_scale(report: dict[str, Any]) -> None:
+    table = Table(
+        title=f"gateway replicas: {report['sessions']} sessions, {report['rate']:g} posts/s offered"
+    )
+    for column in ("replicas", "accepted/s", "p50 / p99 ms", "failed", "RSS MiB", "takeover s"):
+        table.add_column(column, justify="right")
+    for run in report["runs"]:
+        load, takeover = run["load"], run.get("takeover")
+        latency = load["latency_ms"] or {"p50": "-", "p99": "-"}
+        taken = (
+            "-"
+            if not takeover or takeover["takeover_s"] is None
+            else "{p50} / {p99} / max {max}".format(**takeover["takeover_s"])
+        )
+        table.add_row(
+            str(run["replicas"]),
+            str(load["accepted_per_s"]),
+            "{p50} / {p99}".format(**latency),
+            str(sum(load["failed"].values()) + load["not_sent_too_many_in_flight"]),
+            " ".join(str(v) for v in run["rss_mib"].values()),
+            taken,
+        )
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
 @bench.command("fork")
 @click.option("--rounds", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option(

@@ -173,7 +173,18 @@ def _placement(gw: Gateway) -> Placement | None:
 
     replica = gw.config.replica_id or url
     leases.guard = replica  # the database refuses an epoch change by a replica that lost it
-    return Placement(leases, replica, url, ttl_s=gw.config.lease_ttl_s, on_lost=lost)
+
+    def quiet(session: str) -> bool:
+        # No fence running, nothing released to the owner unacked: a move now makes no
+        # fence fail and no turn be redone.
+        gate = gw.gates.known(session)
+        return gate is None or (not gate.lock.locked() and not gate.outstanding and not gate.fenced)
+
+    placement = Placement(
+        leases, replica, url, ttl_s=gw.config.lease_ttl_s, on_lost=lost, quiet=quiet
+    )
+    gw.serves = placement.holds
+    return placement
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -44,6 +45,9 @@ class Gateway:
     owner_channels: dict[str, set[asyncio.Task[Any]]] = field(default_factory=dict)
     # Event streams (SSE) open, per session: bounded per session and in all.
     event_streams: Counter[str] = field(default_factory=Counter)
+    # Whether this process serves the session now (``placement.py``: it holds the
+    # session's lease and trusts it still); one process alone serves every session.
+    serves: Callable[[str], bool] = field(default=lambda _session: True)
 
     def forget(self, session: str) -> None:
         """Drop what this gateway keeps of a deleted session, and end its channels."""
