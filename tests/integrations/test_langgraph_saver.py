@@ -103,9 +103,10 @@ async def test_a_tool_turn_costs_the_same_at_turn_200_as_at_turn_10(tmp_path: Pa
     early, middle, late = window(10), window(100), window(LONG_TOOL_TURNS - WINDOW)
     assert late <= early + PRUNING_BYTES, (early, late)
     assert abs(late - middle) <= 64, (middle, late)
-    # What a tool turn costs at all (a create_react_agent turn: 4 checkpoints, 4
-    # messages, a Send): 12-15.5 KB before the pending writes referred to the log.
-    assert late <= 8_500, late
+    # What a tool turn costs at all (a create_react_agent turn: 5 checkpoints, 4
+    # messages, a Send): 12-15.5 KB before the pending writes referred to the log,
+    # ~7.9 KB before headers were written as changes from their parent's (~6.6 now).
+    assert late <= 7_000, late
 
 
 async def test_a_state_written_before_27_nov_reads_back_and_goes_on() -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from shadowpod.domain.ownership import Ownership
 from shadowpod.journal.errors import LeaseLost
+from shadowpod.journal.leases import ReplicaLoad
 from shadowpod.journal.postgres.store import PostgresJournalStore
 from shadowpod.journal.store import JournalStore
 from tests.journal.test_processes import _spawn
@@ -126,3 +127,25 @@ async def test_many_leases_are_claimed_in_one_go_leaving_live_ones_to_their_hold
     live = await leases.holder("t")
     assert live is not None and live.held_by("b")
     assert await leases.claim_many([], "a", "http://a", 30) == {}
+
+
+async def test_replicas_advertise_their_load_and_a_lease_moves_only_from_its_live_holder(
+    store: JournalStore,
+) -> None:
+    leases = _leases(store).leases
+    for session in ("s", "t", "u"):
+        await leases.claim(session, "a", "http://a", 30)
+    assert await leases.advertise("a", "http://a", 30) == {"a": ReplicaLoad("http://a", 3)}
+    loads = await leases.advertise("b", "http://b", 30)
+    assert loads == {"a": ReplicaLoad("http://a", 3), "b": ReplicaLoad("http://b", 0)}
+    before = await leases.holder("s")
+    assert before is not None
+    assert await leases.move("s", "a", "b", "http://b", 30)
+    moved = await leases.holder("s")
+    assert moved is not None and moved.held_by("b") and moved.url == "http://b"
+    assert moved.generation == before.generation + 1  # the target re-reads what it takes
+    assert not await leases.move("s", "a", "b", "http://b", 30)  # no longer a's
+    # b's claim finds the lease its own: it serves the session without a takeover.
+    assert (await leases.claim("s", "b", "http://b", 30)).generation == moved.generation
+    await leases.withdraw("b")
+    assert set(await leases.advertise("a", "http://a", 30)) == {"a"}

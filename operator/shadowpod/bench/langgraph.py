@@ -80,6 +80,7 @@ class LangGraphBenchConfig:
     samples: int = 5  # turns measured at each length (the median is reported)
     sqlite_max_turns: int = 1_000
     tool_max_turns: int = 1_000  # tool-calling turns are driven up to this length
+    tool_columns: tuple[str, ...] = tuple(name for name, _, _ in TOOL_COLUMNS)
     workdir: Path | None = None
     loop_steps: int = LOOP_STEPS
 
@@ -186,9 +187,10 @@ async def _sqlite(
     message: str = MESSAGE,
     lengths: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    lengths = tuple(
-        n for n in (config.lengths if lengths is None else lengths) if n <= config.sqlite_max_turns
-    )
+    # Plain turns stop at ``sqlite_max_turns`` (the file grows with their square);
+    # tool-calling turns (``lengths`` given) at ``tool_max_turns``.
+    most = config.sqlite_max_turns if lengths is None else config.tool_max_turns
+    lengths = tuple(n for n in (config.lengths if lengths is None else lengths) if n <= most)
     async with AsyncSqliteSaver.from_conn_string(str(workdir / "checkpoints.db")) as saver:
         graph = _build_graph()(saver, kind)
         saving = _Stopwatch()
@@ -207,13 +209,9 @@ async def _sqlite(
         result = await _drive(
             config, lengths, turn, lambda: _file_bytes(workdir / "checkpoints.db"), message
         )
-    skipped = [n for n in config.lengths if n > config.sqlite_max_turns]
+    skipped = [n for n in config.lengths if n > most]
     if skipped:
-        result["not_run"] = {
-            str(n): f"beyond --sqlite-max-turns {config.sqlite_max_turns}: its file grows "
-            "with the square of the turns"
-            for n in skipped
-        }
+        result["not_run"] = {str(n): f"beyond the longest asked, {most} turns" for n in skipped}
     return result
 
 
@@ -264,6 +262,8 @@ async def run_langgraph_bench(config: LangGraphBenchConfig) -> dict[str, Any]:
         tool_lengths = tuple(n for n in config.lengths if n <= config.tool_max_turns)
         tool_turns: dict[str, Any] = {}
         for name, saver, kind in TOOL_COLUMNS:
+            if name not in config.tool_columns:
+                continue
             (workdir / name).mkdir()
             run = _shadowpod if saver == "shadowpod" else _sqlite
             tool_turns[name] = await run(config, workdir / name, kind, TOOL_MESSAGE, tool_lengths)
@@ -272,14 +272,21 @@ async def run_langgraph_bench(config: LangGraphBenchConfig) -> dict[str, Any]:
     report: dict[str, Any] = {
         "benchmark": "langgraph",
         "agent": f"examples/{EXAMPLE} (StateGraph, scripted tool-calling chat model)",
-        "config": {"lengths": list(config.lengths), "samples": config.samples},
+        "config": {
+            "lengths": list(config.lengths),
+            "samples": config.samples,
+            "sqlite_max_turns": config.sqlite_max_turns,
+            "tool_max_turns": config.tool_max_turns,
+        },
         "savers": {"shadowpod": shadowpod, "langgraph_sqlite": sqlite},
         "ratios_sqlite_over_shadowpod": _ratios(sqlite, shadowpod),
         "tool_turns": tool_turns,
         "ratios_delta_channel_over_create_react_agent": _ratios(
             tool_turns["langgraph_sqlite_delta_channel"],
             tool_turns["shadowpod_create_react_agent"],
-        ),
+        )
+        if {"langgraph_sqlite_delta_channel", "shadowpod_create_react_agent"} <= tool_turns.keys()
+        else {},
         "machine": machine.report(),
     }
     report["targets"] = _targets(report)

@@ -569,6 +569,70 @@ def _print_lifecycle(report: dict[str, Any]) -> None:
     Console().print(f"machine: {_machine(report)}")
 
 
+@bench.command("scale")
+@click.option("--replicas", default=3, show_default=True, type=click.IntRange(min=1, max=16))
+@click.option("--sessions", default=10_000, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--rate", default=2_000.0, show_default=True, type=click.FloatRange(min=0.1),
+    help="Messages posted per second, in all (open loop).",
+)  # fmt: skip
+@click.option("--duration", default=20.0, show_default=True, type=click.FloatRange(min=1))
+@click.option(
+    "--lease-ttl", default=10.0, show_default=True, type=click.FloatRange(min=1, max=3600),
+    help="The replicas' --lease-ttl: the takeover bound.",
+)  # fmt: skip
+@_dsn
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def scale(
+    replicas: int,
+    sessions: int,
+    rate: float,
+    duration: float,
+    lease_ttl: float,
+    dsn: str,
+    as_json: bool,
+) -> None:
+    """Gateway replicas on one PostgreSQL journal: client latency with one replica and
+    with REPLICAS, the takeover time of a killed replica's sessions, memory per replica."""
+    from shadowpod.bench.scale import ScaleBenchConfig, run_scale_bench
+
+    config = ScaleBenchConfig(
+        replicas=replicas,
+        sessions=sessions,
+        rate=rate,
+        duration_s=duration,
+        lease_ttl_s=lease_ttl,
+        dsn=dsn,
+    )
+    _run_and_report("scale", run_scale_bench(config), _print_scale, as_json, False)
+
+
+def _print_scale(report: dict[str, Any]) -> None:
+    table = Table(
+        title=f"gateway replicas: {report['sessions']} sessions, {report['rate']:g} posts/s offered"
+    )
+    for column in ("replicas", "accepted/s", "p50 / p99 ms", "failed", "RSS MiB", "takeover s"):
+        table.add_column(column, justify="right")
+    for run in report["runs"]:
+        load, takeover = run["load"], run.get("takeover")
+        latency = load["latency_ms"] or {"p50": "-", "p99": "-"}
+        taken = (
+            "-"
+            if not takeover or takeover["takeover_s"] is None
+            else "{p50} / {p99} / max {max}".format(**takeover["takeover_s"])
+        )
+        table.add_row(
+            str(run["replicas"]),
+            str(load["accepted_per_s"]),
+            "{p50} / {p99}".format(**latency),
+            str(sum(load["failed"].values()) + load["not_sent_too_many_in_flight"]),
+            " ".join(str(v) for v in run["rss_mib"].values()),
+            taken,
+        )
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
 @bench.command("fork")
 @click.option("--rounds", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option(
@@ -867,6 +931,19 @@ def _print_cluster_scale(report: dict[str, Any]) -> None:
     help="Longest conversation driven with LangGraph's SQLite saver (its file grows "
     "with the square of the turns).",
 )
+@click.option(
+    "--tool-max-turns",
+    default=None,
+    type=click.IntRange(min=1),
+    help="Longest conversation of tool-calling turns (default: --sqlite-max-turns).",
+)
+@click.option(
+    "--tool-columns",
+    default=None,
+    help="The tool-calling columns to run, comma-separated (default: all of "
+    "shadowpod_create_react_agent, shadowpod_create_agent, shadowpod_custom_graph, "
+    "langgraph_sqlite_delta_channel).",
+)
 @_workdir("Where the SQLite files are created (default: the system temp dir).")
 @click.option("--quick", is_flag=True, help="10 and 100 turns: checks that it runs.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -875,6 +952,8 @@ def langgraph(
     lengths: str,
     samples: int,
     sqlite_max_turns: int,
+    tool_max_turns: int | None,
+    tool_columns: str | None,
     workdir: Path | None,
     quick: bool,
     as_json: bool,
@@ -883,7 +962,11 @@ def langgraph(
     """A LangGraph agent with LangGraph's SQLite saver and with Shadowpod's checkpointer:
     one more turn (ms, bytes) as the conversation grows. Needs the langgraph extra."""
     try:
-        from shadowpod.bench.langgraph import LangGraphBenchConfig, run_langgraph_bench
+        from shadowpod.bench.langgraph import (
+            TOOL_COLUMNS,
+            LangGraphBenchConfig,
+            run_langgraph_bench,
+        )
     except ImportError as exc:
         fail(f"{exc}: install the extra, pip install 'shadowpod[langgraph]'", 2)
     try:
@@ -892,11 +975,16 @@ def langgraph(
         fail(f"--turns {lengths!r}: give comma-separated whole numbers, e.g. 10,1000", 2)
     if min(turns) < 1:
         fail("--turns: every length is at least 1", 2)
+    known = [name for name, _, _ in TOOL_COLUMNS]
+    columns = tuple(known if tool_columns is None else tool_columns.split(","))
+    if not columns or any(name not in known for name in columns):
+        fail(f"--tool-columns {tool_columns!r}: name some of {', '.join(known)}", 2)
     config = LangGraphBenchConfig(
         lengths=turns,
         samples=samples,
         sqlite_max_turns=max(turns) if quick else sqlite_max_turns,
-        tool_max_turns=max(turns) if quick else sqlite_max_turns,
+        tool_max_turns=max(turns) if quick else (tool_max_turns or sqlite_max_turns),
+        tool_columns=columns,
         workdir=workdir,
     )
     _run_and_report("langgraph", run_langgraph_bench(config), _print_langgraph, as_json, check)

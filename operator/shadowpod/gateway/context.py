@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -20,6 +21,7 @@ from shadowpod.gateway.config import GatewayConfig
 from shadowpod.gateway.errors import ApiError
 from shadowpod.gateway.metrics import GatewayMetrics
 from shadowpod.journal.store import JournalStore
+from shadowpod.sessions.deletion import DeletedSessions
 from shadowpod.sessions.fence import ExchangeFence
 from shadowpod.sessions.gates import SessionGates
 from shadowpod.sessions.lifecycle import SessionLifecycle
@@ -36,12 +38,16 @@ class Gateway:
     firer: ScheduleFirer
     metrics: GatewayMetrics
     lifecycle: SessionLifecycle
+    deletions: DeletedSessions
     streams: set[asyncio.Task[Any]] = field(default_factory=set)
     # The owner channels open per session: a deleted session's are closed, so that a
     # session re-created under its name is never fed to (or written by) the old owner.
     owner_channels: dict[str, set[asyncio.Task[Any]]] = field(default_factory=dict)
     # Event streams (SSE) open, per session: bounded per session and in all.
     event_streams: Counter[str] = field(default_factory=Counter)
+    # Whether this process serves the session now (``placement.py``: it holds the
+    # session's lease and trusts it still); one process alone serves every session.
+    serves: Callable[[str], bool] = field(default=lambda _session: True)
 
     def forget(self, session: str) -> None:
         """Drop what this gateway keeps of a deleted session, and end its channels."""

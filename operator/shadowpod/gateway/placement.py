@@ -17,6 +17,10 @@ is dropped from memory at once, its owner channels closed: the owner reconnects
 through the Service and lands on the new holder. Takeover bound: a dead replica's
 sessions are served again ``ttl`` after its last renewal (default 10 s).
 
+Replicas advertise themselves at each renewal; one holding more than its fair share
+of the leases hands some, at quiet points, to replicas below theirs (``rebalance``):
+a replica added takes its share without waiting for leases to free up.
+
 On SIGTERM the replica hands its sessions over before it exits: it stops claiming,
 releases every lease (another replica takes each at its next request) and answers
 requests for them 503 with ``Retry-After`` until it is gone.
@@ -69,12 +73,14 @@ class Placement:
         *,
         ttl_s: float,
         on_lost: Callable[[str], None],
+        quiet: Callable[[str], bool] = lambda _session: True,
     ) -> None:
         self.leases = leases
         self.replica = replica
         self.url = url
         self.ttl_s = ttl_s
         self._on_lost = on_lost
+        self._quiet = quiet  # whether a session may move now (no fence, no turn running)
         self._good_until: dict[str, float] = {}  # session -> monotonic deadline
         self._generation: dict[str, int] = {}  # session -> the lease's, while held
         self._handing_over = False
@@ -139,12 +145,47 @@ class Placement:
             else:
                 self._lost(session)
 
+    async def rebalance(self) -> int:
+        """Advertise this replica; if it holds more than its fair share of the leases
+        (all live leases over all live replicas, plus a slack of a tenth, at least one),
+        move up to half its excess, among its quiet sessions, to the replicas below
+        their share. How many moved.
+
+        A moved session is dropped here as a lost one (its gate closed, its owner
+        channels ended): the owner reconnects through the Service and the target serves
+        it at its next request, its gate rebuilt from the journal."""
+        if self._handing_over:
+            return 0
+        loads = await self.leases.advertise(self.replica, self.url, self.ttl_s)
+        if self.replica not in loads or len(loads) < 2:
+            return 0
+        share = -(-sum(load.leases for load in loads.values()) // len(loads))
+        mine = loads[self.replica].leases
+        if mine <= share + max(1, share // 10):
+            return 0
+        targets = [
+            replica
+            for replica, load in sorted(loads.items(), key=lambda item: item[1].leases)
+            if replica != self.replica
+            for _ in range(share - load.leases)
+        ][: -(-(mine - share) // 2)]
+        quiet = [s for s in list(self._good_until) if self.holds(s) and self._quiet(s)]
+        moved = 0
+        for session, target in zip(quiet, targets, strict=False):
+            if await self.leases.move(session, self.replica, target, loads[target].url, self.ttl_s):
+                self._lost(session)
+                moved += 1
+        if moved:
+            logger.info("session leases moved", extra={"sessions": moved, "share": share})
+        return moved
+
     async def run(self) -> None:
-        """Renew every ``ttl / 3`` until cancelled."""
+        """Renew and rebalance every ``ttl / 3`` until cancelled."""
         while True:
             await asyncio.sleep(self.ttl_s / 3)
             try:
                 await self.renew()
+                await self.rebalance()
             except Exception:
                 logger.exception("renewing the session leases failed")
                 now = time.monotonic()
@@ -158,6 +199,7 @@ class Placement:
         sessions = list(self._good_until)
         for session in sessions:
             self._lost(session)
+        await self.leases.withdraw(self.replica)
         return await self.leases.release(self.replica)
 
     def _lost(self, session: str) -> None:

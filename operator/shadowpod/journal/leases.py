@@ -36,6 +36,12 @@ class Lease:
         return self.holder == replica
 
 
+@dataclass(frozen=True, slots=True)
+class ReplicaLoad:
+    url: str
+    leases: int  # live leases it holds
+
+
 class SessionLeases(Protocol):
     guard: str | None
     """Set to a replica: from then on every ownership change the store makes checks, in
@@ -66,6 +72,22 @@ class SessionLeases(Protocol):
     async def release(self, replica: str, sessions: Iterable[str] | None = None) -> int:
         """Give up ``replica``'s leases (of ``sessions``, or all): another replica may
         take them at once. How many were released."""
+        ...
+
+    async def advertise(self, replica: str, url: str, ttl_s: float) -> dict[str, ReplicaLoad]:
+        """Say ``replica`` is alive (for ``ttl_s``); every live replica, with the number
+        of live leases each holds."""
+        ...
+
+    async def withdraw(self, replica: str) -> None:
+        """``replica`` stops: it no longer counts in the fair share."""
+        ...
+
+    async def move(
+        self, session: str, replica: str, target: str, target_url: str, ttl_s: float
+    ) -> bool:
+        """Hand ``replica``'s live lease of ``session`` to ``target`` (a new generation):
+        whether it did (``False``: ``replica`` no longer held it)."""
         ...
 
     async def holder(self, session: str) -> Lease | None:

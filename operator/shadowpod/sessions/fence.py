@@ -36,7 +36,7 @@ from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.domain.payloads import ControlEvent, ControlPayload
 from shadowpod.journal.errors import EpochConflict
 from shadowpod.journal.store import JournalStore
-from shadowpod.sessions.gates import PauseTarget, SessionGate, SessionGates
+from shadowpod.sessions.gates import GateClosed, PauseTarget, SessionGate, SessionGates
 
 logger = logging.getLogger(__name__)
 # How long a fence waits for a gap between the owner's turns to close the gate in.
@@ -74,8 +74,10 @@ async def _until_idle(gate: SessionGate, timeout_s: float) -> None:
     """
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(timeout_s):
-            while gate.outstanding:
+            while gate.outstanding and not gate.closed:
                 await gate.changed()
+    if gate.closed:
+        raise GateClosed(gate.session)
 
 
 def _marker(event: ControlEvent, epoch: int, reason: str, **detail: str | int) -> NewEntry:
@@ -127,6 +129,8 @@ class ExchangeFence:
                 if acked < target:
                     raise FenceTimeout(session, waited_s=waited, released=target, acked=acked)
                 measured = then is FenceState.OPEN
+                if gate.closed:  # the lease moved while it waited (the database would refuse)
+                    raise GateClosed(session)
                 if measured:
                     gate.watch_pause(expect_epoch + 1)
                 bumped = await self._store.compare_and_set_ownership(
@@ -165,7 +169,9 @@ class ExchangeFence:
                     acked=acked,
                 )
             finally:
-                if not committed:
+                # A replica that lost the session cannot lift its fence either: the new
+                # holder lifts a fence it finds standing when it builds the gate.
+                if not committed and not gate.closed:
                     await self._lift(session, gate, fenced, reason="exchange-aborted")
 
     async def _fence_and_mark(self, session: str, current: Ownership, new_owner: str) -> Ownership:
@@ -228,8 +234,10 @@ class ExchangeFence:
         sees each ack as it is journaled), or when the timeout passes."""
         try:
             async with asyncio.timeout(timeout_s):
-                while gate.outstanding:
+                while gate.outstanding and not gate.closed:
                     await gate.changed()
-            return target
         except TimeoutError:
             return max((await self._store.acks(session)).values(), default=0)
+        if gate.closed:  # another replica serves the session now: its gate sees the acks
+            raise GateClosed(session)
+        return target

@@ -27,6 +27,7 @@ from typing import Final
 
 from shadowpod.domain.entries import JournalEntry, is_inbound
 from shadowpod.domain.ownership import FenceState, Ownership
+from shadowpod.journal.errors import StoreUnavailable
 from shadowpod.journal.store import JournalStore
 
 
@@ -37,6 +38,21 @@ class Superseded(Exception):
         self.epoch = epoch
         self.current = current
         super().__init__(f"epoch {epoch} was superseded by epoch {current}")
+
+
+class GateClosed(StoreUnavailable):
+    """This gateway process no longer serves the session (another replica holds its
+    lease, ``journal/leases.py``): nothing more is released or changed through its gate."""
+
+    reason = "LeaseLost"
+
+    def __init__(self, session: str) -> None:
+        super().__init__(
+            f"this gateway replica no longer serves session {session!r} (its lease expired "
+            "or was taken over): nothing more is delivered or changed here; retry, the "
+            "request then reaches the replica that serves it"
+        )
+        self.session = session
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,8 @@ class SessionGate:
         # Entries up to here were examined for release (so none is examined twice).
         self.scanned_through = self.released_through
         self.lock = asyncio.Lock()  # one ExchangeFence at a time per session
+        # Another replica serves the session now: this gate releases nothing more.
+        self.closed = False
         self._early_epoch = 0
         self.last_fence_pause_s: float | None = None
         self._on_pause = on_pause
@@ -94,7 +112,9 @@ class SessionGate:
     def release(self, entries: Iterable[JournalEntry], epoch: int) -> int:
         """Release what the gate allows of ``entries`` (in seq order) to the owner at
         ``epoch``; returns the release watermark. Raises ``Superseded`` when ``epoch``
-        is no longer the session's epoch."""
+        is no longer the session's epoch, ``GateClosed`` when the gate was closed."""
+        if self.closed:
+            raise GateClosed(self.session)
         if self.epoch != epoch:
             raise Superseded(epoch, self.epoch)
         for entry in entries:
@@ -135,6 +155,12 @@ class SessionGate:
     def _notify(self) -> None:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
+
+    def close(self) -> None:
+        """Release nothing more, and wake whoever waits on the gate (a long-poll, a
+        fence): they end instead of serving a session this process no longer holds."""
+        self.closed = True
+        self._notify()
 
     async def fence(self) -> None:
         self.fenced = True
@@ -231,7 +257,10 @@ class SessionGates:
         return gate
 
     def forget(self, session: str) -> None:
-        self._gates.pop(session, None)
+        """Drop the session's gate and close it: whoever still holds it stops there."""
+        gate = self._gates.pop(session, None)
+        if gate is not None:
+            gate.close()
 
     async def epoch_changed(self, gate: SessionGate, ownership: Ownership) -> None:
         await gate.advance(ownership, await self.unacked_inbound(gate.session))

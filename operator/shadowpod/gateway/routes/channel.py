@@ -42,7 +42,7 @@ from shadowpod.gateway.context import (
 from shadowpod.gateway.errors import ApiError, field_errors, status_of
 from shadowpod.gateway.routes.owner import deliver, owner_append
 from shadowpod.journal.errors import Fenced, OwnerMismatch
-from shadowpod.sessions.gates import SessionGate, Superseded
+from shadowpod.sessions.gates import GateClosed, SessionGate, Superseded
 
 logger = logging.getLogger(__name__)
 routes = web.RouteTableDef()
@@ -127,6 +127,8 @@ class OwnerChannel:
         except Superseded as exc:
             await self.send({"op": "superseded", "epoch": exc.epoch, "current": exc.current})
             await self.ws.close()
+        except GateClosed:  # another replica serves the session: the owner reconnects there
+            await self.ws.close()
         except (ConnectionResetError, RuntimeError, StopAsyncIteration):
             pass  # the owner went away
         finally:
@@ -174,7 +176,7 @@ class OwnerChannel:
                     self._deferred = False
                     while await self.send_news({"op": "entries"}, always=False):
                         pass
-            except Superseded:  # the appends stand; the pump tells the owner it was replaced
+            except (Superseded, GateClosed):  # the appends stand; the pump tells the rest
                 answer.pop("entries", None)
                 answer.pop("released", None)
                 await self.send(answer)

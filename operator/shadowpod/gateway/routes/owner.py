@@ -42,7 +42,7 @@ from shadowpod.gateway.context import (
 from shadowpod.gateway.errors import ApiError, read_body
 from shadowpod.journal.errors import Fenced, InvalidTurn, OwnerMismatch
 from shadowpod.journal.store import Appended
-from shadowpod.sessions.gates import SessionGate, Superseded
+from shadowpod.sessions.gates import GateClosed, SessionGate, Superseded
 
 routes = web.RouteTableDef()
 # Entries examined per delivery to find inbound entries the window allows.
@@ -53,6 +53,10 @@ async def deliver(
     gw: Gateway, gate: SessionGate, session: str, epoch: int, after: int, limit: int
 ) -> tuple[list[JournalEntry], int]:
     """The journal after ``after`` and the release watermark for the owner at ``epoch``."""
+    if not gw.serves(session):
+        # The lease lapsed while a long-poll waited here: another replica may be
+        # releasing to the owner by now.
+        raise GateClosed(session)
     if epoch != gate.epoch:
         await gw.gates.catch_up(gate)
     page = await gw.store.read(session, after, limit)
@@ -186,8 +190,8 @@ async def append_journal(request: web.Request) -> web.Response:
                 gw, gate, session, body.epoch, body.after, gw.config.max_page
             )
             answer.update(_delivery(page, released))
-        except Superseded:
-            pass  # the appends stand; the owner learns it was replaced on its next call
+        except (Superseded, GateClosed):
+            pass  # the appends stand; the owner learns the rest on its next call
     return json_response(answer)
 
 

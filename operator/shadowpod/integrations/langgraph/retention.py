@@ -24,17 +24,19 @@ what is kept, so the journal before it can be truncated by the journal's retenti
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Callable
 from typing import Any, Final
 
-BUCKETS: Final = 64
+from shadowpod.integrations.langgraph.headers import (
+    DELTA,
+    Codec,
+    Resolved,
+    bucket,
+    resolve,
+    rewritten_whole,
+    writes_of,
+)
+
 StatePath = list[str | int]
-
-
-def bucket(key: str) -> str:
-    """The bucket of a checkpoint id or a channel version (stable across processes)."""
-    return str(zlib.crc32(key.encode()) % BUCKETS)
 
 
 def slack(keep: int) -> int:
@@ -55,7 +57,7 @@ def plan_pruning(
     base: StatePath,
     data: dict[str, Any],
     keep: int,
-    versions_of: Callable[[Any], dict[str, Any]],
+    codec: Codec,
 ) -> Pruning | None:
     """What to delete from ``data`` (a thread namespace) to keep ``keep`` checkpoints
     and the head of every branch; ``None`` while under ``keep`` plus the slack."""
@@ -67,7 +69,7 @@ def plan_pruning(
     kept |= {cid for cid in headers if cid not in parents}
     if data.get("latest") is not None:
         kept.add(data["latest"])
-    return plan_removal(base, data, kept, versions_of)
+    return plan_removal(base, data, kept, codec)
 
 
 def headers_of(data: dict[str, Any]) -> dict[str, Any]:
@@ -79,12 +81,14 @@ def plan_removal(
     base: StatePath,
     data: dict[str, Any],
     kept: set[str],
-    versions_of: Callable[[Any], dict[str, Any]],
+    codec: Codec,
 ) -> Pruning | None:
     """What to delete from ``data`` to keep only the checkpoints ``kept``: the others'
     headers and pending writes, the channel versions no kept checkpoint holds, the logs
     no kept version reads (emptied: versions name logs by number), and ``latest`` when
-    it is not kept (the newest kept one then, or none). ``None``: nothing to remove."""
+    it is not kept (the newest kept one then, or none). A kept header written as a
+    change from a parent that goes (``headers``) is written whole: the chains of the
+    headers after it end there. ``None``: nothing to remove."""
     headers = headers_of(data)
     dropped = [cid for cid in headers if cid not in kept]
     if not dropped:
@@ -100,12 +104,21 @@ def plan_removal(
         pruning.sets.append(([*base, "latest"], survivors[-1] if survivors else None))
     live: dict[str, set[str]] = {}
     read_by_headers: dict[str, set[int]] = {}
-    for cid in kept & headers.keys():
-        for channel, version in versions_of(headers[cid]["versions"]).items():
+    gone = set(dropped)
+    memo: dict[str, Resolved] = {}
+    for cid in sorted(kept & headers.keys()):
+        resolved = resolve(data, cid, codec.decode, memo)
+        if resolved is None:
+            continue
+        # Its parent goes: written whole, it is where its descendants' chains end.
+        if DELTA in headers[cid] and headers[cid]["parent"] in gone:
+            header = rewritten_whole(headers[cid], resolved, codec.encode)
+            pruning.sets.append(([*base, "checkpoints", bucket(cid), cid], header))
+        for channel, version in resolved.versions.items():
             live.setdefault(channel, set()).add(str(version))
         # What a header holds itself (``ShadowpodSaver.put``): ``[log, length]`` read a
         # log; ``0`` (empty) and ``[value]`` none.
-        for channel, held in headers[cid].get("held", {}).items():
+        for channel, held in resolved.held.items():
             if type(held) is list and len(held) == 2:
                 read_by_headers.setdefault(channel, set()).add(int(held[0]))
     read_by_writes = referenced_logs(data, kept, live, read_by_headers)
@@ -163,15 +176,13 @@ def referenced_logs(
             for channel, log_no in value[REFS]:
                 found.setdefault(str(channel), set()).add(int(log_no))
 
-    for held in data["writes"].values():
-        for cid, writes in held.items():
-            if cid in kept:
-                for write in writes.values():
-                    # [task, channel, value, path, index], or since 27 Nov without the task
-                    value = write[2] if len(write) == 5 else write[1]
-                    note(value)
-                    for channel, log_no in written_logs(value):
-                        found.setdefault(str(channel), set()).add(int(log_no))
+    for cid in kept:
+        for write in writes_of(data, cid).values():
+            # [task, channel, value, path, index], or since 27 Nov without the task
+            value = write[2] if len(write) == 5 else write[1]
+            note(value)
+            for channel, log_no in written_logs(value):
+                found.setdefault(str(channel), set()).add(int(log_no))
     for channel, stored in data["channels"].items():
         wanted = live.get(channel, set())
         read = set((read_by_headers or {}).get(channel, ()))

@@ -7,24 +7,29 @@ writes them as deltas, so one more turn costs the same at turn 10 and at turn
 10,000 — where a saver that stores every channel version whole (LangGraph's
 ``SqliteSaver``) writes the whole conversation again at every step:
 
-- a checkpoint is its header (id, parent, channel versions, metadata): a ``set``;
+- a checkpoint is its header (id, parent, channel versions, versions seen,
+  metadata): a ``set``, written as a change from its parent's header (only the
+  versions that changed; ``headers``: a chain of at most ``FULL_EVERY``, rebuilt
+  on read);
 - a list channel (``messages``) is an append-only log per channel, and each of its
   versions is a length of that log: a version that extends the last one appends its
   new items, one that shrank is a shorter length, anything else starts a new log;
 - any other channel version is stored as its value;
 - what a channel version holds, when small (a log's length, an empty channel, a
-  scalar), is in the header of each checkpoint that has it (``held``), not an entry
-  per channel and version of its own (which pruning would delete again one by one);
-- pending writes are stored under their checkpoint, by task and index, once per
+  scalar, a value of up to ``INLINE_MAX`` bytes: a turn's input), is in the header
+  of each checkpoint that has it (``held``), not an entry per channel and version of
+  its own (which pruning would delete again one by one);
+- pending writes are stored in their checkpoint's header (so pruning it is one
+  delete), by task and index, once per
   checkpoint: held until the next ``put`` (or the turn's end, a tool call's save
   point), so that an item both written and then appended to a log — each step's new
   message, a ``Send`` — is stored once, in the log, and referred to by the write;
 - ``latest`` is journaled once per save (the turn's end, a tool call's save point),
   not at every step.
 
-The maps that grow with the conversation (headers and writes by checkpoint id,
-channel versions) are split into ``BUCKETS`` fixed buckets by a stable hash of
-their key (``retention.bucket``), and a log into chunks of ``CHUNK`` items: a write
+The maps that grow with the conversation (headers by checkpoint id, channel
+versions) are split into ``BUCKETS`` fixed buckets by a stable hash of their key
+(``headers.bucket``), and a log into chunks of ``CHUNK`` items: a write
 copies (copy-on-write, in the turn and in every fold) one bucket or chunk, not a
 map of every checkpoint —
 so the CPU of one more turn, like its bytes, stays flat as the conversation grows.
@@ -62,6 +67,7 @@ an agent process, ``ShadowpodSaver(values=...)`` works on a state in memory (a
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import random
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
@@ -90,9 +96,19 @@ from pydantic import JsonValue
 from shadowpod.agent import DetachedState, StateWriter, Turn
 from shadowpod.agent.values import written_by_ops
 from shadowpod.integrations.langgraph.codec import ITEM_REF, LOG_REF, REFS, ValueCodec
+from shadowpod.integrations.langgraph.headers import (
+    DELTA,
+    WRITES,
+    Resolved,
+    as_change,
+    bucket,
+    resolve,
+    stored_header,
+    whole,
+    writes_of,
+)
 from shadowpod.integrations.langgraph.retention import (
     Pruning,
-    bucket,
     headers_of,
     plan_pruning,
     plan_removal,
@@ -110,6 +126,7 @@ CHUNK: Final = 256
 DEFAULT_KEEP: Final = 256
 # A list inside a value is stored as a reference to a log from this many items on.
 MIN_REFERENCED: Final = 4
+INLINE_MAX: Final = 512  # bytes of JSON: a channel's value held in the headers up to this
 LogKey = tuple[str, str, str, int]  # thread, namespace, channel, log number
 
 
@@ -187,11 +204,11 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         for thread, spaces in root.items():
             for ns, data in spaces.items():
                 latest = data.get("latest")
-                header = data["checkpoints"].get(bucket(latest), {}).get(latest) if latest else None
+                header = resolve(data, latest, self.codec.decode) if latest else None
                 if header is None:
                     continue
-                inlined = header.get(HELD, {})
-                for channel, version in self.codec.decode(header["versions"]).items():
+                inlined = header.held
+                for channel, version in header.versions.items():
                     stored = data["channels"].get(channel, {})
                     known = _expand(inlined.get(channel)) or stored.get("versions", {}).get(
                         bucket(str(version)), {}
@@ -271,9 +288,15 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         self, thread: str, ns: str, data: dict[str, Any], checkpoint_id: str
     ) -> CheckpointTuple:
         header = data["checkpoints"][bucket(checkpoint_id)][checkpoint_id]
-        versions: ChannelVersions = self.codec.decode(header["versions"])
+        resolved = resolve(data, checkpoint_id, self.codec.decode)
+        if resolved is None:
+            raise ValueError(
+                f"checkpoint {checkpoint_id} of thread {thread!r} is stored as a change from "
+                f"{header['parent']}, which is not stored: the state is damaged"
+            )
+        versions: ChannelVersions = resolved.versions
         values: dict[str, Any] = {}
-        inlined = header.get(HELD, {})
+        inlined = resolved.held
         for channel, version in versions.items():
             known = _expand(inlined.get(channel))
             if known is None:
@@ -285,13 +308,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             ):
                 values[channel] = value
         writes = sorted(
-            (
-                _write(key, stored)
-                for key, stored in data["writes"]
-                .get(bucket(checkpoint_id), {})
-                .get(checkpoint_id, {})
-                .items()
-            ),
+            (_write(key, stored) for key, stored in writes_of(data, checkpoint_id).items()),
             key=lambda w: writes_sort_key(w[3], w[0], w[4]),
         )
         checkpoint: Checkpoint = {
@@ -300,7 +317,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             "ts": header["ts"],
             "channel_values": values,
             "channel_versions": versions,
-            "versions_seen": self.codec.decode(header["seen"]),
+            "versions_seen": resolved.seen,
             "updated_channels": header["updated"],
         }
         parent = header["parent"]
@@ -430,29 +447,40 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
             data = self._thread(thread, ns)
             assert data is not None
         parent_id = config["configurable"].get("checkpoint_id")
+        parent = resolve(data, parent_id, self.codec.decode) if parent_id else None
         for channel, version in checkpoint["channel_versions"].items():
             if (
                 channel not in known_by_channel
-                and (found := _known_in_headers(data, parent_id, channel, version)) is not None
+                and (found := _known_in_headers(data, parent, channel, version, self.codec.decode))
+                is not None
             ):
                 known_by_channel[channel] = found
         # The parent's pending writes, now that the items they wrote are in the logs:
         # an item both written and appended is stored once (``_flush_writes``).
         self._flush_writes(writer)
         checkpoint_id = checkpoint["id"]
-        header = {
+        header: dict[str, Any] = {
             "parent": parent_id,
             "v": checkpoint["v"],
             "ts": checkpoint["ts"],
-            "versions": self.codec.encode(checkpoint["channel_versions"]),
-            "seen": self.codec.encode(checkpoint["versions_seen"]),
             "updated": checkpoint.get("updated_channels"),
             "metadata": self.codec.encode(get_checkpoint_metadata(config, metadata)),
-            # What each channel's version holds, where it is small (a log's length, an
-            # empty channel, a scalar): in the header, not an entry of its own per
-            # channel and version — which pruning would then delete one by one.
-            HELD: known_by_channel,
         }
+        # What each channel's version holds, where it is small (a log's length, an
+        # empty channel, a scalar), is in the header (``HELD``), not an entry of its own
+        # per channel and version — which pruning would then delete one by one. The
+        # maps are written as a change from the parent's, when it is stored (``headers``).
+        full = Resolved(
+            dict(checkpoint["channel_versions"]),
+            {node: dict(seen) for node, seen in checkpoint["versions_seen"].items()},
+            known_by_channel,
+            0,
+        )
+        change = None if parent is None else as_change(parent, full, self.codec.encode)
+        if change is None:
+            header.update(whole(full, self.codec.encode))
+        else:
+            header[DELTA] = change
         held = bucket(checkpoint_id)
         if held not in data["checkpoints"]:
             writer.set([*base, "checkpoints", held], {checkpoint_id: header})
@@ -465,7 +493,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         if self.keep is not None:
             data = self._thread(thread, ns)
             assert data is not None
-            self._apply(writer, thread, ns, plan_pruning(base, data, self.keep, self.codec.decode))
+            self._apply(writer, thread, ns, plan_pruning(base, data, self.keep, self.codec))
         return _config(thread, ns, checkpoint_id)
 
     def _apply(self, writer: StateWriter, thread: str, ns: str, pruning: Pruning | None) -> None:
@@ -614,8 +642,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         thread, ns = _where(config)
         checkpoint_id = config["configurable"]["checkpoint_id"]
         data = self._thread(thread, ns)
-        stored = {} if data is None else data["writes"].get(bucket(checkpoint_id), {})
-        stored = stored.get(checkpoint_id, {})
+        stored = {} if data is None else writes_of(data, checkpoint_id)
         held = self._held.setdefault((thread, ns, checkpoint_id), {})
         for index, (channel, value) in enumerate(writes):
             write_index = WRITES_IDX_MAP.get(channel, index)
@@ -651,7 +678,15 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
                 for key, (channel, value, task_path, index) in writes.items()
             }
             at = bucket(checkpoint_id)
-            if at not in data["writes"]:
+            header = stored_header(data, checkpoint_id)
+            if header is not None and checkpoint_id not in data["writes"].get(at, {}):
+                # Under its header: deleted with it, in one delete (``headers``).
+                if WRITES not in header:
+                    writer.set([*base, "checkpoints", at, checkpoint_id, WRITES], encoded)
+                else:
+                    for key, write in encoded.items():
+                        writer.set([*base, "checkpoints", at, checkpoint_id, WRITES, key], write)
+            elif at not in data["writes"]:
                 writer.set([*base, "writes", at], {checkpoint_id: encoded})
             elif checkpoint_id not in data["writes"][at]:
                 writer.set([*base, "writes", at, checkpoint_id], encoded)
@@ -715,7 +750,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
                     for cid, header in headers.items()
                     if self.codec.decode(header["metadata"]).get("run_id") not in wanted
                 }
-                pruning = plan_removal([ROOT, thread, ns], data, kept, self.codec.decode)
+                pruning = plan_removal([ROOT, thread, ns], data, kept, self.codec)
                 self._apply(writer, thread, ns, pruning)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -753,7 +788,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
                     writer,
                     thread,
                     ns,
-                    plan_removal([ROOT, thread, ns], data, kept, self.codec.decode),
+                    plan_removal([ROOT, thread, ns], data, kept, self.codec),
                 )
 
     # --- in-place changes ----------------------------------------------------------------
@@ -885,6 +920,15 @@ def _inline(known: dict[str, JsonValue]) -> JsonValue | None:
     value = known["value"]
     if value is None or type(value) in (bool, int) or (type(value) is str and len(value) <= 64):
         return [value]
+    # A small value (a turn's input to ``__start__``) too: headers are written as a
+    # change from their parent's, so a value is written again only in a header written
+    # whole. Not one that refers to a log (retention reads those in channel versions).
+    if (
+        type(value) in (dict, list)
+        and not (type(value) is dict and REFS in value)
+        and len(json.dumps(value, separators=(",", ":"))) <= INLINE_MAX
+    ):
+        return [value]
     return None
 
 
@@ -900,22 +944,24 @@ def _expand(inline: Any) -> dict[str, Any] | None:
 
 
 def _known_in_headers(
-    data: dict[str, Any], parent_id: str | None, channel: str, version: Any
+    data: dict[str, Any], parent: Resolved | None, channel: str, version: Any, decode: Any
 ) -> JsonValue | None:
     """What ``channel`` at ``version`` holds, as a header holds it: the parent's (where
     a version not new in a checkpoint mostly comes from), else any header's (a
     checkpoint put from elsewhere); ``None``: in the channel's versions, if anywhere."""
-    parent = data["checkpoints"].get(bucket(parent_id), {}).get(parent_id) if parent_id else None
-    if parent is not None and parent["versions"].get(channel) == version:
-        found = parent.get(HELD, {}).get(channel)
+    if parent is not None and parent.versions.get(channel) == version:
+        found = parent.held.get(channel)
         if found is not None:
             return cast(JsonValue, found)
     versions = data["channels"].get(channel, {}).get("versions", {})
     if str(version) in versions.get(bucket(str(version)), {}):
         return None
-    for header in headers_of(data).values():  # rare: not from the parent
-        found = header.get(HELD, {}).get(channel)
-        if found is not None and header["versions"].get(channel) == version:
+    for cid in headers_of(data):  # rare: not from the parent
+        other = resolve(data, cid, decode)
+        if other is None:
+            continue
+        found = other.held.get(channel)
+        if found is not None and other.versions.get(channel) == version:
             return cast(JsonValue, found)
     return None
 

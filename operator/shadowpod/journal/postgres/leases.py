@@ -11,7 +11,7 @@ from psycopg.rows import TupleRow
 
 from shadowpod.domain.entries import check_session_id
 from shadowpod.journal.errors import LeaseLost
-from shadowpod.journal.leases import Lease
+from shadowpod.journal.leases import Lease, ReplicaLoad
 
 Conn = AsyncConnection[TupleRow]
 Connect = Callable[[], AbstractAsyncContextManager[Conn]]
@@ -25,6 +25,15 @@ def ddl(s: str) -> str:
         holder text NOT NULL,
         url text NOT NULL,
         generation bigint NOT NULL,
+        expires timestamptz NOT NULL)"""
+
+
+def replicas_ddl(s: str) -> str:
+    """The live gateway replicas, each advertising itself until ``expires``: what a fair
+    share of the leases is counted against."""
+    return f"""CREATE TABLE IF NOT EXISTS {s}.replicas (
+        replica text PRIMARY KEY,
+        url text NOT NULL,
         expires timestamptz NOT NULL)"""
 
 
@@ -140,6 +149,49 @@ class PostgresLeases:
                     (replica, list(sessions)),
                 )
             return cursor.rowcount
+
+    async def advertise(self, replica: str, url: str, ttl_s: float) -> dict[str, ReplicaLoad]:
+        ttl = _check_ttl(ttl_s)
+        async with self._connect() as conn:
+            await conn.execute(
+                f"INSERT INTO {self.s}.replicas AS r (replica, url, expires) VALUES "
+                "(%s, %s, clock_timestamp() + make_interval(secs => %s)) "
+                "ON CONFLICT (replica) DO UPDATE SET url = excluded.url, "
+                "expires = excluded.expires",
+                (replica, url, ttl),
+            )
+            rows = await (
+                await conn.execute(
+                    f"SELECT r.replica, r.url, count(l.session) FROM {self.s}.replicas r "
+                    f"LEFT JOIN {self.s}.leases l ON l.holder = r.replica "
+                    "AND l.expires > clock_timestamp() "
+                    "WHERE r.expires > clock_timestamp() GROUP BY r.replica, r.url"
+                )
+            ).fetchall()
+        return {row[0]: ReplicaLoad(url=row[1], leases=row[2]) for row in rows}
+
+    async def withdraw(self, replica: str) -> None:
+        async with self._connect() as conn:
+            await conn.execute(f"DELETE FROM {self.s}.replicas WHERE replica = %s", (replica,))
+
+    async def move(
+        self, session: str, replica: str, target: str, target_url: str, ttl_s: float
+    ) -> bool:
+        ttl = _check_ttl(ttl_s)
+        async with self._connect() as conn:
+            # Only a live lease of ``replica``'s moves: one that expired meanwhile may
+            # already be someone else's.
+            row = await (
+                await conn.execute(
+                    f"UPDATE {self.s}.leases SET holder = %s, url = %s, "
+                    "generation = generation + 1, "
+                    "expires = clock_timestamp() + make_interval(secs => %s) "
+                    "WHERE session = %s AND holder = %s AND expires > clock_timestamp() "
+                    "RETURNING 1",
+                    (target, target_url, ttl, session, replica),
+                )
+            ).fetchone()
+        return row is not None
 
     async def holder(self, session: str) -> Lease | None:
         async with self._connect() as conn:

@@ -86,6 +86,7 @@ def ddl(s: str) -> list[str]:
             PRIMARY KEY (sid, watermark))""",
         # Added in place (no version bump): a store that does not know it ignores it.
         leases.ddl(s),
+        leases.replicas_ddl(s),
     ]
 
 
