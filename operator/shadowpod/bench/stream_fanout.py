@@ -197,6 +197,32 @@ async def _level(
     }
 
 
+async def _until_streams_closed(http: aiohttp.ClientSession, url: str) -> None:
+    """The gateway has seen the last level's streams go (its ``/metrics`` says so).
+
+    A build that notices a departed client only when it next writes to it (before the
+    ping did) is sent one message a second meanwhile: each commit makes every stream
+    write, and a stream whose client left then ends.
+    """
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        async with http.get(f"{url}/metrics") as metrics:
+            lines = (await metrics.text()).splitlines()
+        open_now = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in lines
+            if line.startswith("shadowpod_open_streams{")
+        )
+        if open_now == 0:
+            return
+        await asyncio.sleep(1)
+        async with http.post(
+            f"{url}/v1/sessions/{SESSION}/messages", json={"content": "anyone there?"}
+        ) as posted:
+            await posted.read()
+    raise RuntimeError("the gateway still counts the last level's streams after 120 s")
+
+
 @contextlib.contextmanager
 def _pythonpath(source: Path | None) -> Iterator[None]:
     """The gateway process inherits this environment: ``source`` goes first."""
@@ -253,6 +279,7 @@ async def _measure(config: FanoutBenchConfig, source: Path | None, mode: str) ->
                 for count in config.streams:
                     async with _streams(gateway.url, count, mode):
                         levels[str(count)] = await _level(http, gateway.url, agent_token, config)
+                    await _until_streams_closed(http, gateway.url)
         finally:
             await gateway.stop()
     return {
