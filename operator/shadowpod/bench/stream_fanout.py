@@ -187,7 +187,7 @@ async def _level(
                 del sent[key]
     took = time.perf_counter() - started
     done.set()
-    await asyncio.wait_for(delivering, 60)
+    await asyncio.wait_for(delivering, 300)
     return {
         "posts": _figures(posts),
         "post_failures": failures,
@@ -262,7 +262,7 @@ async def _measure(config: FanoutBenchConfig, source: Path | None, mode: str) ->
         levels: dict[str, Any] = {}
         try:
             control = {"Authorization": f"Bearer {gateway.control_token}"}
-            timeout = aiohttp.ClientTimeout(total=60)
+            timeout = aiohttp.ClientTimeout(total=300)
             connector = aiohttp.TCPConnector(limit=10)
             async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
                 async with http.post(
