@@ -3,13 +3,19 @@ applied again after every snapshot the owner stores."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shadowpod.api.models import CreateSession, ForkFrom
 from shadowpod.client.gateway import GatewayClient, GatewayError
-from tests.gateway.conftest import CONTROL, Session, ack, call, reply
+from shadowpod.gates.golden import GoldenFile
+from tests.gateway.conftest import CONTROL, RunningGateway, Session, ack, call, reply
 
 
 async def _turns(client: GatewayClient, agent: GatewayClient, session: str, n: int) -> None:
@@ -90,3 +96,106 @@ async def test_journal_sizes_are_per_namespace_in_metrics_and_per_session_in_the
     assert samples[("shadowpod_journal_entries", "team-a")] == 3 + 2 + 1
     assert samples[("shadowpod_journal_entries", "")] == 4
     assert samples[("shadowpod_journal_sessions", "team-a")] == 3
+
+
+async def _golden_record(url: str, token_file: Path, session: str, *args: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "shadowpod", "golden", "record", "--gateway", url,
+        "--token-file", str(token_file), "--session", session, *args,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    stdout, stderr = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, stdout.decode() + stderr.decode()
+
+
+async def test_golden_record_of_a_truncated_journal_says_where_a_golden_can_start(
+    url: str,
+    control: GatewayClient,
+    agent: GatewayClient,
+    client: GatewayClient,
+    owned: Session,
+    tmp_path: Path,
+) -> None:
+    await _turns(client, agent, owned.name, 4)
+    for watermark in (4, 7):
+        await _snapshot(agent, owned.name, watermark)
+    await control.set_retention(owned.name, 1)  # the journal through seq 7 is gone
+    token_file = tmp_path / "token"
+    token_file.write_text(CONTROL + "\n")
+    output = tmp_path / "golden.jsonl"
+
+    code, said = await _golden_record(url, token_file, owned.name, "-o", str(output))
+    assert code == 2, said
+    assert "truncated by retention before seq 1: record from seq 8 or later (--from)" in said
+    assert not output.exists()
+
+    code, said = await _golden_record(url, token_file, owned.name, "--from", "8", "-o", str(output))
+    assert code == 0, said
+    golden = GoldenFile.read(output)
+    assert golden.header.from_seq == 8
+    assert [e.seq for e in golden.entries] == [8, 9, 10, 11, 12, 13]
+
+
+async def test_a_session_deleted_with_a_keep_period_is_listed_read_and_swept_after_it(
+    http: aiohttp.ClientSession,
+    url: str,
+    gateway: RunningGateway,
+    control: GatewayClient,
+    client: GatewayClient,
+    owned: Session,
+) -> None:
+    now = datetime(2026, 11, 1, tzinfo=UTC)
+    gateway.gw.deletions.clock = lambda: now
+    await client.post_message(owned.name, "kept")
+    await control.create_session(CreateSession(session="other"))
+
+    await control.delete_session(owned.name, keep_for_s=3600)
+    [listed] = await control.sessions(deleted=True)
+    assert (listed.session, listed.deleted_at, listed.delete_after) == (
+        owned.name,
+        "2026-11-01T00:00:00.000000Z",
+        "2026-11-01T01:00:00.000000Z",
+    )
+    assert {s.session for s in await control.sessions()} == {owned.name, "other"}
+    # An admin reads it whole with the control token.
+    entries, _head = await control.journal(owned.name, after=0)
+    assert [e.payload.get("content") for e in entries][-1] == "kept"
+
+    assert (await gateway.gw.deletions.sweep()).deleted == []
+    now += timedelta(hours=1)
+    assert (await gateway.gw.deletions.sweep()).deleted == [owned.name]
+    with pytest.raises(GatewayError) as gone:
+        await control.journal(owned.name, after=0)
+    assert gone.value.status == 404
+    assert await control.sessions(deleted=True) == []
+
+
+async def test_a_session_created_again_within_its_period_is_restored(
+    gateway: RunningGateway, control: GatewayClient, owned: Session
+) -> None:
+    now = datetime(2026, 11, 1, tzinfo=UTC)
+    gateway.gw.deletions.clock = lambda: now
+    await control.delete_session(owned.name, keep_for_s=60)
+    assert (await control.restore_session(owned.name)).was_deleted
+    assert not (await control.restore_session(owned.name)).was_deleted
+    now += timedelta(days=1)
+    assert (await gateway.gw.deletions.sweep()).deleted == []
+    assert await control.sessions(deleted=True) == []
+
+
+async def test_a_bad_keep_period_is_a_400_that_names_it(
+    http: aiohttp.ClientSession, url: str, owned: Session
+) -> None:
+    for bad in ("-1", "7d", "999999999999"):
+        answer = await call(
+            http,
+            "DELETE",
+            f"{url}/v1/sessions/{owned.name}",
+            token=CONTROL,
+            params={"keepFor": bad},
+        )
+        assert (answer.status, answer.reason) == (400, "InvalidQuery"), bad
+        assert answer.locs == ["keepFor"]
+    answer = await call(http, "GET", f"{url}/v1/sessions", token=CONTROL, params={"deleted": "yes"})
+    assert (answer.status, answer.locs) == (400, ["deleted"])

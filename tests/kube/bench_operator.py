@@ -9,6 +9,10 @@ Ready at once without running anything ("no process" mode). Measured:
 - with ``--idle-window S``: the requests the operator makes to the API server and to
   the gateway while the sessions are left alone for S seconds, per second (from its
   ``shadowpod_operator_requests_total``), and its RSS then;
+- with ``--suspended`` (and ``--idle-window S``): every session suspended first
+  (``spec.operatingMode: Suspended``; no pod), then for S seconds of nothing the
+  operator's and the gateway's requests a second and both processes' RSS, against
+  their RSS before any session existed: what a suspended session costs;
 - image bump → AgentMigration created by the operator (p50/p99), for ``bumped``
   sessions;
 - then ``migrations`` sessions migrated live at once with the real data plane (pods
@@ -58,6 +62,7 @@ class OperatorBenchConfig:
     bumped: int = 100
     migrations: int = 50
     idle_window_s: float = 0.0  # 0: no idle measurement
+    suspended: bool = False  # suspend every session before the idle window
     workdir: Path = Path("/tmp/shadowpod-bench-operator")
     timeout_s: float = 900.0
 
@@ -86,6 +91,11 @@ LIVE_POLICY: Final = {
     "phaseTimeoutSeconds": 180,
     "maxDurationSeconds": 600,
 }
+
+
+# No agent process runs in the scale part: a suspend waits for a final snapshot nobody
+# takes for at most the phase timeout (30 s by default); the journal alone resumes it.
+SUSPEND_POLICY: Final = {"drainGracePeriodSeconds": 2, "phaseTimeoutSeconds": 3}
 
 
 def _session(name: str, image: str, policy: dict[str, int] | None = None) -> dict[str, Any]:
@@ -186,6 +196,22 @@ def _targets(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "met": scale.get("running") == scale.get("sessions"),
         },
     }
+    per = ((scale.get("idle") or {}).get("per_session")) if scale.get("suspended") else None
+    if per:
+        rates = [
+            per[k]
+            for k in (
+                "operator_api_requests_per_s",
+                "operator_gateway_requests_per_s",
+                "gateway_served_per_s",
+            )
+        ]
+        worst = None if None in rates else max(rates)
+        targets["suspended_requests_per_s_per_session"] = {
+            "measured": worst,
+            "target": "<= 0.001 (near zero: one request per session per 1000 s at most)",
+            "met": None if worst is None else worst <= 0.001,
+        }
     if live:
         clean = all(live.get(k) == 0 for k in ("lost", "duplicated", "reordered"))
         targets["live_migrations"] = {
@@ -216,16 +242,25 @@ async def _scale(
         try:
             await asyncio.sleep(2.0)
             baseline = _rss_mb(operator.pid)
+            gateway_baseline = _rss_mb(_pid(gateway))
             names_ = [f"s{i:05d}" for i in range(config.sessions)]
             created: dict[str, float] = {}
             for name in names_:
+                policy = SUSPEND_POLICY if config.suspended else None
                 await api.create(
-                    namespaced("agentsessions", NAMESPACE), _session(name, "refagent:v1")
+                    namespaced("agentsessions", NAMESPACE), _session(name, "refagent:v1", policy)
                 )
                 created[name] = time.monotonic()
             running = await _wait_all(api, "agentsessions", set(names_), _running, config.timeout_s)
             rss = _rss_mb(operator.pid)
-            idle = await _idle(metrics_port, operator.pid, config.idle_window_s)
+            suspended = None
+            if config.suspended:
+                suspended = await _suspend_all(api, names_, config.timeout_s)
+            idle = await _idle(metrics_port, operator.pid, config.idle_window_s, gateway)
+            if idle is not None:
+                idle["operator_rss_mb_before_sessions"] = baseline
+                idle["gateway_rss_mb_before_sessions"] = gateway_baseline
+                idle.update(_per_session(idle, config.sessions))
             bumped = names_[: config.bumped]
             bumps: dict[str, float] = {}
             for name in bumped:
@@ -242,6 +277,7 @@ async def _scale(
                 "running": len(running),
                 "operator_rss_mb_idle": baseline,
                 "operator_rss_mb": rss,
+                "suspended": suspended,
                 "idle": idle,
                 "create_to_running_s": _percentiles([running[n] - created[n] for n in running]),
                 "bumped": len(bumped),
@@ -265,20 +301,92 @@ async def _requests(metrics_port: int) -> dict[str, float]:
     return {to: float(count) for to, count in found}
 
 
-async def _idle(metrics_port: int, pid: int, window_s: float) -> dict[str, Any] | None:
+async def _idle(
+    metrics_port: int, pid: int, window_s: float, gateway: GatewayProcess
+) -> dict[str, Any] | None:
     """The operator's requests a second while nothing changes, after the passes of the
-    sessions' start have ended (one period of 30 s, and a bit)."""
+    sessions' start have ended (one period of 30 s, and a bit); the requests the
+    gateway served meanwhile (the operator's and anyone's: nobody else calls it)."""
     if window_s <= 0:
         return None
     await asyncio.sleep(35.0)
     before, started = await _requests(metrics_port), time.monotonic()
+    served = await _gateway_requests(gateway)
     await asyncio.sleep(window_s)
     after, elapsed = await _requests(metrics_port), time.monotonic() - started
+    served = await _gateway_requests(gateway) - served - 1  # less this look's own
     return {
         "window_s": round(elapsed, 1),
         "api_requests_per_s": round((after["api"] - before["api"]) / elapsed, 3),
         "gateway_requests_per_s": round((after["gateway"] - before["gateway"]) / elapsed, 3),
+        "gateway_served_per_s": round(served / elapsed, 3),
         "operator_rss_mb": _rss_mb(pid),
+        "gateway_rss_mb": _rss_mb(_pid(gateway)),
+    }
+
+
+def _pid(gateway: GatewayProcess) -> int:
+    assert gateway.process is not None
+    return gateway.process.pid
+
+
+async def _gateway_requests(gateway: GatewayProcess) -> float:
+    """Every request the gateway has answered (``shadowpod_http_requests_total``)."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{gateway.url}/metrics") as answer,
+    ):
+        text = await answer.text()
+    found = re.findall(r"^shadowpod_http_requests_total\{[^}]*\} (\S+)$", text, re.M)
+    return sum(float(count) for count in found)
+
+
+def _per_session(idle: dict[str, Any], sessions: int) -> dict[str, Any]:
+    """What one session adds: requests a second, and RSS over the processes' own."""
+
+    def each(total: float | None, base: float | None = 0.0) -> float | None:
+        if total is None or base is None or not sessions:
+            return None
+        return round((total - base) / sessions, 6)
+
+    return {
+        "per_session": {
+            "operator_api_requests_per_s": each(idle["api_requests_per_s"]),
+            "operator_gateway_requests_per_s": each(idle["gateway_requests_per_s"]),
+            "gateway_served_per_s": each(idle["gateway_served_per_s"]),
+            "operator_rss_kb": each(
+                None if idle["operator_rss_mb"] is None else idle["operator_rss_mb"] * 1024,
+                None
+                if idle["operator_rss_mb_before_sessions"] is None
+                else idle["operator_rss_mb_before_sessions"] * 1024,
+            ),
+            "gateway_rss_kb": each(
+                None if idle["gateway_rss_mb"] is None else idle["gateway_rss_mb"] * 1024,
+                None
+                if idle["gateway_rss_mb_before_sessions"] is None
+                else idle["gateway_rss_mb_before_sessions"] * 1024,
+            ),
+        }
+    }
+
+
+async def _suspend_all(api: KubeApi, names_: list[str], timeout_s: float) -> dict[str, Any]:
+    """Suspend every session (no agent process runs: the final snapshot is waited for
+    no longer than the sessions' phase timeout) and wait until all are Suspended."""
+    asked: dict[str, float] = {}
+    for name in names_:
+        await api.patch(
+            namespaced("agentsessions", NAMESPACE, name), {"spec": {"operatingMode": "Suspended"}}
+        )
+        asked[name] = time.monotonic()
+
+    def suspended(body: dict[str, Any]) -> bool:
+        return (body.get("status") or {}).get("phase") == "Suspended"
+
+    done = await _wait_all(api, "agentsessions", set(names_), suspended, timeout_s)
+    return {
+        "suspended": len(done),
+        "ask_to_suspended_s": _percentiles([done[n] - asked[n] for n in done]),
     }
 
 
@@ -397,6 +505,11 @@ def main() -> None:
     parser.add_argument("--migrations", type=int, default=defaults.migrations)
     parser.add_argument("--workdir", type=Path, default=defaults.workdir)
     parser.add_argument("--idle-window", type=float, default=defaults.idle_window_s)
+    parser.add_argument(
+        "--suspended",
+        action="store_true",
+        help="suspend every session before the idle window (its cost per session)",
+    )
     args = parser.parse_args()
     config = OperatorBenchConfig(
         sessions=args.sessions,
@@ -404,6 +517,7 @@ def main() -> None:
         migrations=args.migrations,
         workdir=args.workdir,
         idle_window_s=args.idle_window,
+        suspended=args.suspended,
     )
     report = eventloop.run(run_operator_bench(config), terminate_gracefully=True)
     print(json.dumps(report, indent=2))

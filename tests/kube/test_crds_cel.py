@@ -381,6 +381,34 @@ CASES: Final = [
         refused="spec: validation is immutable",
     ),
     # forkFrom
+    Case(
+        "a deleted session's journal kept 7 days",
+        edit(SESSION, {"spec.journalRetentionPolicy": {"retainFor": "7d"}}),
+    ),
+    Case(
+        "kept a day and a half",
+        edit(
+            SESSION,
+            {"spec.journalRetentionPolicy": {"whenDeleted": "Retain", "retainFor": "1d12h"}},
+        ),
+    ),
+    Case(
+        "kept for a while but deleted at once",
+        edit(
+            SESSION, {"spec.journalRetentionPolicy": {"whenDeleted": "Delete", "retainFor": "7d"}}
+        ),
+        refused="spec.journalRetentionPolicy: journalRetentionPolicy.retainFor keeps a",
+    ),
+    Case(
+        "kept for a period that is no duration",
+        edit(SESSION, {"spec.journalRetentionPolicy": {"retainFor": "a week"}}),
+        refused="spec.journalRetentionPolicy: journalRetentionPolicy.retainFor is a",
+    ),
+    Case(
+        "kept for weeks (no such unit)",
+        edit(SESSION, {"spec.journalRetentionPolicy": {"retainFor": "2w"}}),
+        refused="spec.journalRetentionPolicy: journalRetentionPolicy.retainFor is a",
+    ),
     Case("a fork at a seq", edit(SESSION, {"spec.forkFrom": {"session": "bob", "seq": 5}})),
     Case(
         "a fork at a seq and a snapshot",

@@ -1,6 +1,7 @@
 """Suspend, resume and wake on a message, end to end: the operator in its Kopf thread,
-the emulated API, the kubelet fixture running the reference agent's pods as processes,
-a real gateway, and clients posting all along."""
+the emulated API with the kubelet fixture running the reference agent's pods as
+processes (or a real cluster: ``make cluster-kube-test``), a real gateway, and
+clients posting all along."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from tests.kube.kubelet import Kubelet
 from tests.kube.operator_world import Load, World, plugin, reply_counts, session_manifest
 from tests.kube.support import eventually
 
@@ -37,38 +37,39 @@ async def _mode(world: World, name: str, mode: str) -> None:
     await world.raw.patch(world.path("agentsessions", name), {"spec": {"operatingMode": mode}})
 
 
-@pytest.mark.stand_in(
-    "it adds the node to resume on through the stand-in (kubelet.add_node) and cordons the "
-    "first; its real-cluster variant, on make cluster's two nodes, is not written yet"
-)
 async def test_a_suspended_session_keeps_every_message_and_answers_each_once_on_resume(
-    world: World, kubelet: Kubelet
+    world: World,
 ) -> None:
+    await world.nodes.add_node("node-2")
     await world.apply(session_manifest("z1"))
     body = await world.wait_running("z1", epoch=1)
-    first = body["status"]["ownerPod"]
-    await kubelet.add_node("node-2")
-    async with Load(world, "z1", rate=5) as load:
-        await asyncio.sleep(1.5)
-        await _mode(world, "z1", "Suspended")
-        body = await _phase(world, "z1", "Suspended")
-        status = body["status"]
-        assert status["suspension"]["reason"] == "Requested" and status["epoch"] == 2
-        assert "ownerPod" not in status
-        await eventually(lambda: _no_pods(world, "z1"), timeout=30)
-        # No owner on purpose: counted as Suspended, not as a session without owner.
-        registry = world.metrics.registry
-        assert registry.get_sample_value("shadowpod_sessions", {"phase": "Suspended"}) == 1
-        assert registry.get_sample_value("shadowpod_sessions_without_ready_owner") == 0
-        # Suspended, on a node that is then cordoned: the messages keep coming.
-        await world.raw.patch("/api/v1/nodes/node-1", {"spec": {"unschedulable": True}})
-        before = load.load.verdict().accepted
-        await asyncio.sleep(2)
-        assert load.load.verdict().accepted >= before + 5  # accepted while suspended
-        await _mode(world, "z1", "Running")
-        body = await world.wait_running("z1", epoch=2)
-        await asyncio.sleep(1)
-        assert await load.stop(answered_within=60)
+    first, here = body["status"]["ownerPod"], body["status"]["nodeName"]
+    there = "node-2" if here == "node-1" else "node-1"
+    node = f"/api/v1/nodes/{here}"
+    try:
+        async with Load(world, "z1", rate=5) as load:
+            await asyncio.sleep(1.5)
+            await _mode(world, "z1", "Suspended")
+            body = await _phase(world, "z1", "Suspended")
+            status = body["status"]
+            assert status["suspension"]["reason"] == "Requested" and status["epoch"] == 2
+            assert "ownerPod" not in status
+            await eventually(lambda: _no_pods(world, "z1"), timeout=60)
+            # No owner on purpose: counted as Suspended, not as a session without owner.
+            registry = world.metrics.registry
+            assert registry.get_sample_value("shadowpod_sessions", {"phase": "Suspended"}) == 1
+            assert registry.get_sample_value("shadowpod_sessions_without_ready_owner") == 0
+            # Suspended, on a node that is then cordoned: the messages keep coming.
+            await world.raw.patch(node, {"spec": {"unschedulable": True}})
+            before = load.load.verdict().accepted
+            await asyncio.sleep(2)
+            assert load.load.verdict().accepted >= before + 5  # accepted while suspended
+            await _mode(world, "z1", "Running")
+            body = await world.wait_running("z1", epoch=2, timeout=120)
+            await asyncio.sleep(1)
+            assert await load.stop(answered_within=60)
+    finally:  # on a real cluster the node is everyone's
+        await world.raw.patch(node, {"spec": {"unschedulable": False}})
     verdict = load.load.verdict()
     assert verdict.sent == verdict.accepted > 20
     assert (verdict.lost, verdict.duplicated, verdict.reordered) == (0, 0, 0), verdict
@@ -76,7 +77,7 @@ async def test_a_suspended_session_keeps_every_message_and_answers_each_once_on_
     pods = await world.pods("z1")
     assert [p["metadata"]["name"] for p in pods] == [body["status"]["ownerPod"]]
     assert body["status"]["ownerPod"] != first
-    assert pods[0]["spec"]["nodeName"] == "node-2"  # resumed on another node
+    assert pods[0]["spec"]["nodeName"] == there  # resumed on another node
     reasons = [r for _, r, _ in await world.events("z1")]
     assert {"Suspended", "Resuming", "Resumed"} <= set(reasons)
 

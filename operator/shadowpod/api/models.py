@@ -282,6 +282,34 @@ class SessionSummary(_Body):
     session: str
     head: int
     created: str
+    deleted_at: str | None = Field(
+        default=None, description="Deleted then, and kept until ``delete_after`` (None: live)."
+    )
+    delete_after: str | None = Field(
+        default=None,
+        description="The gateway deletes it from then on (a parent once its forks are gone).",
+    )
+
+
+class RestoreSession(_Body):
+    """Who the restored session's agents are now: a new AgentSession of the name comes
+    with a Secret of its own (the deleted one's went with it)."""
+
+    agent_token_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="The SHA-256 (hex) of the agent token from now on (unset: unchanged).",
+    )
+    owner_key: str | None = Field(
+        default=None,
+        pattern="^[0-9a-f]{64}$",
+        description="The owner key from now on (unset: unchanged).",
+    )
+
+
+class SessionRestored(_Body):
+    session: str
+    was_deleted: bool = Field(description="Whether the session was marked deleted.")
 
 
 class SessionPosition(_Body):

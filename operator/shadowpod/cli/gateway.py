@@ -117,6 +117,15 @@ CANNOT_START = 1
     help="Seconds a session lease outlives its holder's last renewal (takeover bound).",
 )
 @click.option(
+    "--deleted-sweep",
+    "deleted_sweep_s",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(0.1, 86_400),
+    help="Seconds between looks for sessions deleted with a keep period that is over "
+    "(they are deleted then).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     default="info",
@@ -143,6 +152,7 @@ def gateway(
     advertise_url: str | None,
     replica_id: str | None,
     lease_ttl_s: float,
+    deleted_sweep_s: float,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -175,6 +185,7 @@ def gateway(
             advertise_url=advertise_url,
             replica_id=replica_id,
             lease_ttl_s=lease_ttl_s,
+            deleted_sweep_s=deleted_sweep_s,
         )
     except ValueError as exc:
         fail(str(exc), BAD_SETTINGS)

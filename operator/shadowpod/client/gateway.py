@@ -24,6 +24,7 @@ from shadowpod.api.models import (
     OwnerCredentialRequest,
     OwnershipChange,
     PostMessage,
+    RestoreSession,
     ResumeRequest,
     RetentionApplied,
     RetentionPolicy,
@@ -31,7 +32,9 @@ from shadowpod.api.models import (
     SessionCreated,
     SessionHistory,
     SessionPositions,
+    SessionRestored,
     SessionStatus,
+    SessionSummary,
     SnapshotInfoOut,
     SnapshotOut,
     SnapshotRequested,
@@ -368,8 +371,26 @@ class GatewayClient:
             raise
         return OwnerCredential.model_validate(answer).credential
 
-    async def delete_session(self, session: str) -> None:
-        await self._call("DELETE", f"/v1/sessions/{session}")
+    async def delete_session(self, session: str, *, keep_for_s: int | None = None) -> None:
+        """Delete the session now, or (``keep_for_s``) mark it deleted: the gateway keeps
+        it that long (a parent: until its forks are gone too), then deletes it."""
+        params = None if keep_for_s is None else {"keepFor": str(keep_for_s)}
+        await self._call("DELETE", f"/v1/sessions/{session}", params=params)
+
+    async def restore_session(
+        self, session: str, request: RestoreSession | None = None
+    ) -> SessionRestored:
+        """Take the session's deletion mark off (it is in use again), with the agent
+        token and owner key ``request`` gives."""
+        body = request or RestoreSession()
+        answer = await self._call("POST", f"/v1/sessions/{session}/restore", body=body)
+        return SessionRestored.model_validate(answer)
+
+    async def sessions(self, *, deleted: bool = False) -> list[SessionSummary]:
+        """Every session (control token); ``deleted``: only those deleted and kept."""
+        params = {"deleted": "true"} if deleted else None
+        answer = await self._call("GET", "/v1/sessions", params=params)
+        return [SessionSummary.model_validate(s) for s in answer]
 
     async def ownership(self, session: str) -> Ownership:
         return Ownership.model_validate(

@@ -40,6 +40,7 @@ from shadowpod.gateway.server import GatewayRunner
 from shadowpod.journal.factory import store_from_url
 from shadowpod.journal.leases import SessionLeases
 from shadowpod.journal.store import JournalStore
+from shadowpod.sessions.deletion import DeletedSessions
 from shadowpod.sessions.fence import ExchangeFence
 from shadowpod.sessions.gates import SessionGates
 from shadowpod.sessions.lifecycle import SessionLifecycle, WakeFeed
@@ -120,7 +121,9 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
         firer=ScheduleFirer(store, on_fire=metrics.schedule_fires.inc),
         metrics=metrics,
         lifecycle=SessionLifecycle(store, gates, fence, WakeFeed()),
+        deletions=DeletedSessions(store),
     )
+    gw.deletions.on_deleted = gw.forget
     app = web.Application(
         # Routes stream their bodies with their own limits (read_raw_body); this only
         # bounds a body read whole by aiohttp, which the gateway does not do.
@@ -130,6 +133,7 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
     placement = _placement(gw)
     if placement is not None:
         app[PLACEMENT] = placement
+        gw.deletions.right = placement  # only a session's lease holder sweeps it
         # Only the lease holder fires a session's schedules.
         gw.firer = ScheduleFirer(
             store,
@@ -184,11 +188,17 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if gw.config.schedules:
         await gw.firer.load(s.session for s in await gw.store.list_sessions())
         firing = asyncio.create_task(gw.firer.run(), name="schedule-firer")
+    sweeping = asyncio.create_task(
+        gw.deletions.run(gw.config.deleted_sweep_s), name="deleted-session-sweeper"
+    )
     # Not "ready": the address may still turn out to be taken (serve says ready).
     logger.info("journal open", extra={"journal": _redacted(gw.config.journal_url)})
     try:
         yield
     finally:
+        sweeping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sweeping
         if renewing is not None:
             renewing.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -83,6 +83,12 @@ class GatewayConfig(BaseModel):
         description="Inbound entries released to an owner ahead of its acks; "
         "a fence waits for at most these.",
     )
+    deleted_sweep_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How often the sessions deleted with a keep period are looked at, "
+        "and the ones whose period is over deleted.",
+    )
 
 
 def read_tokens(path: Path) -> frozenset[str]:

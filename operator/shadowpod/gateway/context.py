@@ -20,6 +20,7 @@ from shadowpod.gateway.config import GatewayConfig
 from shadowpod.gateway.errors import ApiError
 from shadowpod.gateway.metrics import GatewayMetrics
 from shadowpod.journal.store import JournalStore
+from shadowpod.sessions.deletion import DeletedSessions
 from shadowpod.sessions.fence import ExchangeFence
 from shadowpod.sessions.gates import SessionGates
 from shadowpod.sessions.lifecycle import SessionLifecycle
@@ -36,6 +37,7 @@ class Gateway:
     firer: ScheduleFirer
     metrics: GatewayMetrics
     lifecycle: SessionLifecycle
+    deletions: DeletedSessions
     streams: set[asyncio.Task[Any]] = field(default_factory=set)
     # The owner channels open per session: a deleted session's are closed, so that a
     # session re-created under its name is never fed to (or written by) the old owner.

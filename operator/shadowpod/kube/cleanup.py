@@ -3,7 +3,9 @@
 Deleting an AgentSession (its finalizer): its migrations are deleted (a running one
 rolls back), its epoch is fenced so that no pod of it can write again, its pods are
 deleted with their grace (the agent drains its background work), and the journal
-is kept or deleted as ``journalRetentionPolicy.whenDeleted`` says. A gateway that
+is kept or deleted as ``journalRetentionPolicy.whenDeleted`` says (``retainFor``: kept
+that long, marked deleted, then deleted by the gateway; a journal forks still read is
+deleted by the gateway once they are gone). A gateway that
 cannot be reached is asked again ``deletion_attempts`` times; then the finalizer is
 released anyway, with a Warning event saying what was left behind — a deletion
 never hangs on the gateway.
@@ -23,6 +25,7 @@ from shadowpod.kube import names
 from shadowpod.kube.api import namespaced
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.v1alpha1 import JournalRetention
+from shadowpod.kube.models.v1alpha1.session import duration_seconds
 from shadowpod.kube.sessions import gateway_id, migrations_of, reconcile_and_patch, session_model
 
 RETRY_DELAY_S = 2.0
@@ -36,7 +39,8 @@ async def delete_session(ctx: OperatorContext, body: dict[str, Any], *, attempt:
             namespaced("agentmigrations", namespace, migration["metadata"]["name"])
         )
     gid = gateway_id(session)
-    retain = session.spec.journal_retention_policy.when_deleted is JournalRetention.RETAIN
+    policy = session.spec.journal_retention_policy
+    retain = policy.when_deleted is JournalRetention.RETAIN
     try:
         ownership = await ctx.admin.ownership(gid)
         if ownership.epoch > 0:
@@ -49,7 +53,10 @@ async def delete_session(ctx: OperatorContext, body: dict[str, Any], *, attempt:
             )
             await ctx.admin.set_ownership(gid, change)
         if not retain:
-            await ctx.admin.delete_session(gid)
+            await _delete_now(ctx, gid)
+        elif policy.retain_for is not None:
+            # Kept, marked deleted: the gateway deletes it when the period is over.
+            await ctx.admin.delete_session(gid, keep_for_s=duration_seconds(policy.retain_for))
         left = None
     except GatewayError as exc:
         left = None if exc.status == 404 else f"{exc.reason}: {exc.message}"
@@ -74,6 +81,17 @@ async def delete_session(ctx: OperatorContext, body: dict[str, Any], *, attempt:
             f"the session was deleted without the gateway ({left}): {kept} remain in the"
             f" gateway as session {gid!r}; delete it there with the control API",
         )
+
+
+async def _delete_now(ctx: OperatorContext, gid: str) -> None:
+    """Delete the session's journal; one its forks still read is marked deleted instead,
+    and the gateway deletes it once they are gone."""
+    try:
+        await ctx.admin.delete_session(gid)
+    except GatewayError as exc:
+        if exc.reason != "SessionHasForks":
+            raise
+        await ctx.admin.delete_session(gid, keep_for_s=0)
 
 
 async def reconcile_sessions_on(ctx: OperatorContext, node: str) -> None:

@@ -46,6 +46,7 @@ from shadowpod.api.models import (
     CredentialSpec,
     ForkFrom,
     OwnershipChange,
+    RestoreSession,
     ScheduleSpec,
 )
 from shadowpod.client.gateway import GatewayError
@@ -238,6 +239,10 @@ async def ensure_gateway_session(
             )
         if exc.reason != "SessionExists":
             raise
+        # Kept after an AgentSession of this name was deleted, and created again: in use
+        # again (no longer swept), by agents holding this AgentSession's token and key.
+        again = RestoreSession(agent_token_sha256=token_hash(token), owner_key=owner_key)
+        await gateway_call(ctx, lambda: ctx.admin.restore_session(request.session, again))
     keep = session.spec.checkpoint.retain_snapshots
     await gateway_call(ctx, lambda: ctx.admin.set_retention(request.session, keep))
     return None

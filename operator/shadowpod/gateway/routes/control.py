@@ -12,11 +12,13 @@ from shadowpod.api.models import (
     OwnerCredential,
     OwnerCredentialRequest,
     OwnershipChange,
+    RestoreSession,
     RetentionApplied,
     RetentionPolicy,
     SessionCreated,
     SessionPosition,
     SessionPositions,
+    SessionRestored,
     SessionSummary,
     SnapshotRequest,
     SnapshotRequested,
@@ -31,11 +33,24 @@ from shadowpod.domain.payloads import (
     ScheduleOp,
     SchedulePayload,
 )
-from shadowpod.gateway.context import Gateway, gateway, json_response, session_of
+from shadowpod.gateway.context import (
+    Gateway,
+    gateway,
+    invalid_value,
+    json_response,
+    parse_int,
+    session_of,
+)
 from shadowpod.gateway.errors import ApiError, parse_body, read_body, read_raw_body
 from shadowpod.journal.errors import EpochConflict
 from shadowpod.journal.store import ForkPoint
 from shadowpod.sessions import retention
+from shadowpod.sessions.deletion import (
+    DELETE_AFTER_META,
+    DELETED_AT_META,
+    MAX_KEEP_S,
+    deletion_of,
+)
 from shadowpod.sessions.fence import FenceTimeout
 from shadowpod.sessions.tokens import (
     AGENT_TOKEN_META,
@@ -54,7 +69,7 @@ async def create_session(request: web.Request) -> web.Response:
     gw = gateway(request)
     gw.auth.control(request)
     body = await read_body(request, CreateSession)
-    for reserved in (AGENT_TOKEN_META, OWNER_KEY_META):
+    for reserved in (AGENT_TOKEN_META, OWNER_KEY_META, DELETED_AT_META, DELETE_AFTER_META):
         if reserved in body.meta:
             raise ApiError(400, "InvalidRequest", f"meta key {reserved!r} is reserved")
     token: str | None = None
@@ -132,17 +147,32 @@ async def mint_owner_credential(request: web.Request) -> web.Response:
 
 @routes.get("/v1/sessions", name="list_sessions")
 async def list_sessions(request: web.Request) -> web.Response:
+    """Every session; with ``deleted=true``, only the ones deleted and kept for a while."""
     gw = gateway(request)
     gw.auth.control(request)
-    sessions = await gw.store.list_sessions()
-    return json_response(
-        [
+    only_deleted = _bool_query(request, "deleted")
+    summaries = []
+    for info in await gw.store.list_sessions():
+        mark = deletion_of(info)
+        if only_deleted and mark is None:
+            continue
+        summaries.append(
             SessionSummary(
-                session=s.session, head=s.head, created=format_ts(s.created)
-            ).model_dump()
-            for s in sessions
-        ]
-    )
+                session=info.session,
+                head=info.head,
+                created=format_ts(info.created),
+                deleted_at=None if mark is None else format_ts(mark.deleted_at),
+                delete_after=None if mark is None else format_ts(mark.delete_after),
+            ).model_dump(exclude_none=True)
+        )
+    return json_response(summaries)
+
+
+def _bool_query(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "false")
+    if raw not in ("true", "false"):
+        raise invalid_value(name, f"must be true or false, got {raw[:40]!r}")
+    return raw == "true"
 
 
 @routes.get("/v1/positions", name="get_positions")
@@ -173,9 +203,32 @@ async def delete_session(request: web.Request) -> web.Response:
     gw = gateway(request)
     gw.auth.control(request)
     session = session_of(request)
-    await gw.store.delete_session(session)
+    raw = request.query.get("keepFor")
+    if raw is None:
+        await gw.store.delete_session(session)
+    else:
+        # Kept, marked deleted: its journal stays readable (control token) until the
+        # sweeper deletes it, keep_for seconds from now (a parent: once its forks go).
+        await gw.deletions.mark(session, parse_int(raw, "keepFor", maximum=MAX_KEEP_S))
     gw.forget(session)
     return web.Response(status=204)
+
+
+@routes.post("/v1/sessions/{session}/restore", name="restore_session")
+async def restore_session(request: web.Request) -> web.Response:
+    """Take a deletion mark off: the session is in use again (an AgentSession of its
+    name was created again), with the agent token and owner key given, if any."""
+    gw = gateway(request)
+    gw.auth.control(request)
+    session = session_of(request)
+    body = await read_body(request, RestoreSession)
+    mark = await gw.deletions.restore(session)
+    keys = {AGENT_TOKEN_META: body.agent_token_sha256, OWNER_KEY_META: body.owner_key}
+    changes = {key: value for key, value in keys.items() if value is not None}
+    if changes:
+        await gw.store.update_meta(session, changes)
+        gw.auth.forget(session)
+    return json_response(SessionRestored(session=session, was_deleted=mark is not None))
 
 
 @routes.put("/v1/sessions/{session}/retention", name="put_retention")

@@ -164,15 +164,52 @@ class JournalRetention(StrEnum):
     DELETE = "Delete"
 
 
+# A keep period: days too ("7d"), as a deleted session is kept for days, not hours.
+KEEP_PERIOD_PATTERN: Final = r"^([0-9]{1,5}(d|h|m|s))+$"
+
+
 class JournalRetentionPolicy(KubeModel):
     """What becomes of the session's journal and snapshots when the AgentSession is deleted
     (as a StatefulSet's persistentVolumeClaimRetentionPolicy)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            Rule(
+                "!has(self.retainFor) || self.whenDeleted == 'Retain'",
+                "journalRetentionPolicy.retainFor keeps a deleted session's journal for a"
+                " while: it goes with whenDeleted: Retain (Delete deletes it at once)",
+                field_path=".retainFor",
+            ),
+            Rule(
+                f"!has(self.retainFor) || self.retainFor.matches('{KEEP_PERIOD_PATTERN}')",
+                'journalRetentionPolicy.retainFor is a duration such as "7d", "36h" or'
+                ' "1d12h" (units d, h, m, s)',
+                field_path=".retainFor",
+            ),
+        )
+    )
 
     when_deleted: JournalRetention = Field(
         default=JournalRetention.RETAIN,
         description="Retain (the gateway keeps them; a new AgentSession of the same name"
         " resumes the session) or Delete.",
     )
+    retain_for: str | None = Field(
+        default=None,
+        max_length=32,
+        description='With Retain: keep them this long after the deletion ("7d", "36h"),'
+        " readable with the gateway's control token, then the gateway deletes them (a"
+        " session forks still read: once they are gone). A new AgentSession of the same"
+        " name within the period resumes the session. Unset: kept for good.",
+    )
+
+    @field_validator("retain_for")
+    @classmethod
+    def _a_keep_period(cls, value: str | None) -> str | None:
+        # The API server checks it by the CEL rule above (one message, not two).
+        if value is not None and not re.fullmatch(KEEP_PERIOD_PATTERN, value):
+            raise ValueError(f"retainFor {value!r} is not a duration such as 7d or 36h")
+        return value
 
 
 class OperatingMode(StrEnum):
@@ -182,12 +219,13 @@ class OperatingMode(StrEnum):
 
 # A duration as Kubernetes users write one (agent-sandbox's, kubectl's): "15m", "1h30m".
 DURATION_PATTERN: Final = r"^([0-9]{1,7}(h|m|s))+$"
-_DURATION_PART: Final = re.compile(r"([0-9]+)(h|m|s)")
-_UNIT_S: Final = {"h": 3600, "m": 60, "s": 1}
+_DURATION_PART: Final = re.compile(r"([0-9]+)(d|h|m|s)")
+_UNIT_S: Final = {"d": 86_400, "h": 3600, "m": 60, "s": 1}
 
 
 def duration_seconds(duration: str) -> int:
-    """``duration`` (as ``DURATION_PATTERN`` admits it) in seconds."""
+    """``duration`` (as ``DURATION_PATTERN`` or ``KEEP_PERIOD_PATTERN`` admits it) in
+    seconds."""
     return sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
 
 
