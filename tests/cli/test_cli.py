@@ -75,6 +75,20 @@ def test_bench_journal_prints_one_json_object_with_the_figures(backend: str) -> 
     assert_machine_described(report["machine"])
 
 
+def test_bench_fanout_reports_posts_and_delivery_by_open_streams() -> None:
+    result = shadowpod("bench", "fanout", "--quick", "--json", timeout=240)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [run["streams_held"] for run in report["runs"]] == ["stalled", "reading"]
+    for run in report["runs"]:
+        assert list(run["by_open_streams"]) == ["0", "5"]
+        for level in run["by_open_streams"].values():
+            # Every post accepted, and every one delivered to the owner.
+            assert level["post_failures"] == 0
+            assert level["posts"]["count"] == level["owner_delivery"]["count"] == 20
+    assert_machine_described(report["machine"])
+
+
 def test_bench_journal_measures_both_backends_side_by_side_in_one_report() -> None:
     if reason := postgres_unavailable():
         pytest.skip(reason)

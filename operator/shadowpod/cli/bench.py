@@ -26,6 +26,7 @@ from shadowpod.bench.journal import (
 )
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
 from shadowpod.bench.snapshot_upload import SnapshotBenchConfig, run_snapshot_bench
+from shadowpod.bench.stream_fanout import MODES, FanoutBenchConfig, run_fanout_bench
 from shadowpod.cli.errors import fail, interrupted
 from shadowpod.cli.subject import agent_options, agent_under_test
 from shadowpod.gates.policy import JudgeKind
@@ -183,6 +184,89 @@ def _print_snapshot(report: dict[str, Any]) -> None:
             rows.append((f"other posts {phase.replace('_', ' ')} {figure}", _posts(phase, figure)))
     for name, value in rows:
         table.add_row(name, *(str(value(run)) for run in report["runs"]))
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
+@bench.command("fanout")
+@click.option(
+    "--streams",
+    default="0,100,1000",
+    show_default=True,
+    help="Levels of open event streams on the session, comma-separated.",
+)
+@click.option("--appends", default=300, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--mode",
+    "modes",
+    type=click.Choice(MODES),
+    multiple=True,
+    help="How the streams are held (default: both): never read, or read and dropped.",
+)
+@click.option(
+    "--journal",
+    "journal_url",
+    default=None,
+    help="The gateway's journal URL (default: SQLite in the workdir); postgresql://… "
+    "gets a schema of its own.",
+)
+@click.option(
+    "--compare-source",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Also measure a gateway run from this source tree (e.g. a checkout of main).",
+)
+@_workdir("Where the gateway's journal is created (default: the system temp dir).")
+@click.option("--quick", is_flag=True, help="Tiny sizes: checks that it runs, figures mean little.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def fanout(
+    streams: str,
+    appends: int,
+    modes: tuple[str, ...],
+    journal_url: str | None,
+    compare_source: Path | None,
+    workdir: Path | None,
+    quick: bool,
+    as_json: bool,
+) -> None:
+    """Post latency and owner delivery with 0, 100, 1,000 event streams on the session."""
+    try:
+        levels = tuple(int(level) for level in streams.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{streams!r}: use numbers, e.g. 0,100,1000") from None
+    options: dict[str, Any] = {
+        "modes": modes or MODES,
+        "journal_url": journal_url,
+        "compare_source": compare_source,
+        "workdir": workdir,
+    }
+    config = (
+        FanoutBenchConfig.quick(**options)
+        if quick
+        else FanoutBenchConfig(streams=levels, appends=appends, **options)
+    )
+    _run_and_report("fanout", run_fanout_bench(config), _print_fanout, as_json, False)
+
+
+def _print_fanout(report: dict[str, Any]) -> None:
+    table = Table(
+        title=f"{report['appends_per_level']} posts to one session with event streams open "
+        f"({report['journal']})"
+    )
+    for column in ("source", "streams held", "open streams", "post p50/p99 ms",
+                   "owner delivery p50/p99 ms", "load average"):  # fmt: skip
+        table.add_column(column)
+    for run in report["runs"]:
+        for level, figures in run["by_open_streams"].items():
+            posts, delivery = figures["posts"], figures["owner_delivery"]
+            table.add_row(
+                run["source"],
+                run["streams_held"],
+                level,
+                f"{posts.get('p50_ms')}/{posts.get('p99_ms')}",
+                f"{delivery.get('p50_ms')}/{delivery.get('p99_ms')}",
+                " ".join(str(x) for x in figures["load_average"]),
+            )
     Console().print(table)
     Console().print(f"machine: {_machine(report)}")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -47,9 +48,10 @@ async def open_stream(
     """An SSE response that ends cleanly when the client leaves or the gateway stops.
 
     Streams are bounded per session and in all (``max_streams_per_session``,
-    ``max_streams``): idle streams nobody reads cost every session's appends (each
-    commit wakes them), so one more is refused (503 ``TooManyStreams``) rather than
-    let any number of them slow the gateway.
+    ``max_streams``): each holds a socket, a task and the waking and sending of every
+    commit of its session (off the append's path: see ``journal/followers.py``), so
+    one more is refused (503 ``TooManyStreams``) rather than let any number of them
+    load the gateway.
     """
     session = session_of(request)
     counts, config = gateway.event_streams, gateway.config
@@ -64,7 +66,7 @@ async def open_stream(
     gauge = gateway.metrics.streams.labels(kind=kind)
     gauge.inc()
     try:
-        async with sse_response(request, ping_interval=PING_S) as sse:
+        async with sse_response(request, ping_interval=PING_S) as sse, _ends_when_gone(sse, task):
             with suppress(ConnectionResetError, asyncio.CancelledError):
                 yield sse
     finally:
@@ -73,6 +75,35 @@ async def open_stream(
         if counts[session] <= 0:
             del counts[session]
         gateway.streams.discard(task)
+
+
+@asynccontextmanager
+async def _ends_when_gone(sse: EventSourceResponse, task: asyncio.Task[Any]) -> AsyncIterator[None]:
+    """Cancel ``task`` (the stream) when the client has left.
+
+    A stream waits for commits, so it would notice a client that left only at the
+    session's next commit, holding its place until then; the ping notices within
+    ``PING_S`` (its write fails), and the stream ends.
+    """
+    streaming = True
+    left = False
+
+    def leave(_: object) -> None:
+        nonlocal left
+        if streaming:
+            left = True
+            task.cancel()
+
+    gone = asyncio.create_task(sse.wait())
+    gone.add_done_callback(leave)
+    try:
+        yield
+    finally:
+        streaming = False
+        gone.remove_done_callback(leave)
+        gone.cancel()
+        if left:
+            task.uncancel()  # the cancellation was ours, and it is over
 
 
 def too_many_streams(detail: str) -> ApiError:

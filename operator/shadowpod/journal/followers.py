@@ -1,9 +1,14 @@
 """Low-latency tailing of a session's journal.
 
-A committed batch is handed straight to the followers in the same process (no
-database round trip on the hot path). Followers fall back to reading the database
-when they missed something (a gap, an overflowing queue) or when a commit happened in
-another process (PostgreSQL ``NOTIFY``, or the poll interval for SQLite readers).
+A commit costs the same whatever the number of followers: it appends the batch to its
+session's tail (a short ring shared by every follower of the session in this process)
+and schedules one notification for after the committing call has returned. Followers
+wake on that, take what follows their own cursor from the ring, and read the database
+instead when the ring no longer holds it (they fell behind, or stalled), when a commit
+happened in another process (PostgreSQL ``NOTIFY``, or the poll interval for SQLite
+readers), or when something went wrong. A follower that stops reading (a client that
+does not read its socket) holds nothing and is handed nothing: it costs a commit
+nothing.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from typing import Final
 
 from shadowpod.domain.entries import JournalEntry
 
-# A follower this far behind stops buffering and re-reads from the database instead.
-MAX_BUFFERED_BATCHES: Final = 1024
+# How many recent commits of a session its tail keeps; a follower further behind reads
+# the rest from the database.
+TAIL_BATCHES: Final = 256
 # How many entries a follower reads from the database at once when it has to.
 FOLLOW_BATCH: Final = 1000
 
@@ -25,73 +31,136 @@ ReadFn = Callable[[int, int], Awaitable[list[JournalEntry]]]
 SessionReadFn = Callable[[str, int, int], Awaitable[list[JournalEntry]]]
 
 
-class Subscription:
-    __slots__ = ("_batches", "_event", "_overflowed")
+class SessionTail:
+    """One session's recent commits and one "changed" signal, shared by its followers.
 
-    def __init__(self) -> None:
-        self._batches: deque[Sequence[JournalEntry]] = deque()
-        self._event = asyncio.Event()
-        self._overflowed = False
+    Publishing is O(1): the batch joins the ring and at most one notification is
+    scheduled (``call_soon``), so the committing call never runs follower code and
+    returns before any follower wakes. Followers wait on one shared future (no task or
+    timer per follower); one timer per session makes them re-read every
+    ``poll_interval`` while they wait, for commits made by other processes.
+    """
 
-    def push(self, entries: Sequence[JournalEntry]) -> None:
-        if len(self._batches) >= MAX_BUFFERED_BATCHES:
-            self._batches.clear()
-            self._overflowed = True
-        elif entries:
-            self._batches.append(entries)
-        self._event.set()
+    __slots__ = (
+        "_changed",
+        "_notifying",
+        "_poll",
+        "_poll_interval",
+        "batches",
+        "followers",
+        "rereads",
+    )
 
-    def wake(self) -> None:
+    def __init__(self, poll_interval: float) -> None:
+        self.batches: deque[Sequence[JournalEntry]] = deque(maxlen=TAIL_BATCHES)
+        # Bumped whenever followers must read the database rather than trust the ring.
+        self.rereads = 0
+        self.followers = 0
+        self._poll_interval = poll_interval
+        self._changed: asyncio.Future[None] | None = None
+        self._notifying = False
+        self._poll: asyncio.TimerHandle | None = None
+
+    def publish(self, entries: Sequence[JournalEntry]) -> None:
+        if entries:
+            self.batches.append(entries)
+        self._announce()
+
+    def reread(self) -> None:
         """Something was committed that this process did not see: re-read."""
-        self._overflowed = True
-        self._event.set()
+        self.rereads += 1
+        self._announce()
 
-    async def next_batch(self, timeout: float) -> Sequence[JournalEntry] | None:
-        """The next pushed batch, or ``None`` when the caller should re-read the store."""
-        while True:
-            if self._overflowed:
-                self._overflowed = False
-                self._batches.clear()
-                return None
-            if self._batches:
-                return self._batches.popleft()
-            self._event.clear()
-            try:
-                await asyncio.wait_for(self._event.wait(), timeout)
-            except TimeoutError:
-                return None
+    def after(self, cursor: int) -> list[Sequence[JournalEntry]] | None:
+        """The ring's batches after ``cursor``, in order and without a gap (``[]``: none
+        yet); ``None`` when what follows ``cursor`` is not in the ring."""
+        batches = self.batches
+        if not batches or batches[-1][-1].seq <= cursor:
+            return []
+        first = len(batches) - 1
+        while first > 0 and batches[first - 1][-1].seq > cursor:
+            first -= 1
+        found: list[Sequence[JournalEntry]] = []
+        expected = cursor + 1
+        for index in range(first, len(batches)):
+            batch = batches[index]
+            if batch[0].seq > expected:
+                break  # a gap: committed elsewhere, or before the ring's oldest batch
+            if batch[0].seq < expected:
+                batch = [entry for entry in batch if entry.seq >= expected]
+            found.append(batch)
+            expected = batch[-1].seq + 1
+        return found or None
+
+    async def changed(self) -> None:
+        """Until the next publish or re-read (or the poll interval, as a re-read)."""
+        if self._changed is None:
+            loop = asyncio.get_running_loop()
+            self._changed = loop.create_future()
+            if self._poll is None:
+                self._poll = loop.call_later(self._poll_interval, self._polled)
+        # Shielded: a follower cancelled while waiting (its client left) must not
+        # cancel the one future every other follower of the session waits on.
+        await asyncio.shield(self._changed)
+
+    def close(self) -> None:
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
+
+    def _polled(self) -> None:
+        self._poll = None
+        self.reread()
+
+    def _announce(self) -> None:
+        if self._changed is None or self._notifying:
+            return
+        self._notifying = True
+        self._changed.get_loop().call_soon(self._notify)
+
+    def _notify(self) -> None:
+        self._notifying = False
+        changed, self._changed = self._changed, None
+        if self._poll is not None:
+            self._poll.cancel()
+            self._poll = None
+        if changed is not None and not changed.done():
+            changed.set_result(None)
 
 
 class FollowerHub:
-    """Per-session fan-out of committed entries to in-process followers."""
+    """The session tails of one store's followers in this process."""
 
-    def __init__(self) -> None:
-        self._subscriptions: dict[str, set[Subscription]] = {}
+    def __init__(self, poll_interval: float) -> None:
+        self._poll_interval = poll_interval
+        self._tails: dict[str, SessionTail] = {}
 
-    def subscribe(self, session: str) -> Subscription:
-        subscription = Subscription()
-        self._subscriptions.setdefault(session, set()).add(subscription)
-        return subscription
+    def subscribe(self, session: str) -> SessionTail:
+        tail = self._tails.get(session)
+        if tail is None:
+            tail = self._tails[session] = SessionTail(self._poll_interval)
+        tail.followers += 1
+        return tail
 
-    def unsubscribe(self, session: str, subscription: Subscription) -> None:
-        subscriptions = self._subscriptions.get(session)
-        if subscriptions is not None:
-            subscriptions.discard(subscription)
-            if not subscriptions:
-                del self._subscriptions[session]
+    def unsubscribe(self, session: str, tail: SessionTail) -> None:
+        tail.followers -= 1
+        if tail.followers <= 0 and self._tails.get(session) is tail:
+            tail.close()
+            del self._tails[session]
 
     def publish(self, session: str, entries: Sequence[JournalEntry]) -> None:
-        for subscription in self._subscriptions.get(session, ()):
-            subscription.push(entries)
+        tail = self._tails.get(session)
+        if tail is not None:
+            tail.publish(entries)
 
     def wake(self, session: str) -> None:
-        for subscription in self._subscriptions.get(session, ()):
-            subscription.wake()
+        tail = self._tails.get(session)
+        if tail is not None:
+            tail.reread()
 
     def wake_all(self) -> None:
-        for subscriptions in self._subscriptions.values():
-            for subscription in subscriptions:
-                subscription.wake()
+        for tail in self._tails.values():
+            tail.reread()
 
 
 async def follow_journal_batches(
@@ -101,36 +170,33 @@ async def follow_journal_batches(
     read: ReadFn,
     *,
     batch_limit: int,
-    poll_interval: float,
 ) -> AsyncGenerator[Sequence[JournalEntry], None]:
     """Yield every entry with seq > ``after`` in order, in the batches they come in,
     then keep tailing. Batches are never empty."""
     cursor = after
     # Subscribe before the first read, so nothing committed in between is missed.
-    subscription = hub.subscribe(session)
+    tail = hub.subscribe(session)
     try:
         while True:
+            rereads = tail.rereads
             backlog = await read(cursor, batch_limit)
             if backlog:
                 yield backlog
                 cursor = backlog[-1].seq
             if len(backlog) == batch_limit:
                 continue
-            while True:
-                batch = await subscription.next_batch(poll_interval)
-                if batch is None:
-                    break
-                if batch[-1].seq <= cursor:
+            while tail.rereads == rereads:
+                fresh = tail.after(cursor)
+                if fresh is None:
+                    break  # not in the ring: read the database
+                if not fresh:
+                    await tail.changed()
                     continue
-                if batch[0].seq > cursor + 1:
-                    break  # a gap: something was committed that we were not handed
-                fresh = (
-                    batch if batch[0].seq == cursor + 1 else [e for e in batch if e.seq > cursor]
-                )
-                yield fresh
-                cursor = fresh[-1].seq
+                for batch in fresh:
+                    yield batch
+                    cursor = batch[-1].seq
     finally:
-        hub.unsubscribe(session, subscription)
+        hub.unsubscribe(session, tail)
 
 
 async def _one_by_one(
@@ -149,9 +215,8 @@ class Followers:
     tail a session (entry by entry, batch by batch) over the store's ``read``."""
 
     def __init__(self, read: SessionReadFn, *, poll_interval: float) -> None:
-        self.hub = FollowerHub()
+        self.hub = FollowerHub(poll_interval)
         self._read = read
-        self._poll_interval = poll_interval
 
     def batches(self, session: str, after: int) -> AsyncGenerator[Sequence[JournalEntry], None]:
         return follow_journal_batches(
@@ -160,7 +225,6 @@ class Followers:
             after,
             functools.partial(self._read, session),
             batch_limit=FOLLOW_BATCH,
-            poll_interval=self._poll_interval,
         )
 
     def entries(self, session: str, after: int) -> AsyncIterator[JournalEntry]:

@@ -1,0 +1,82 @@
+"""Event streams whose clients do not read (their sockets fill up and stay full) slow
+neither the session's posts nor its owner's delivery: a commit is handed to a shared
+tail, not pushed to each stream. A stalled stream that leaves frees its place."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from contextlib import aclosing
+from urllib.parse import urlsplit
+
+from shadowpod.api.models import CreateSession, OwnershipChange
+from shadowpod.client.gateway import GatewayClient
+from tests.gateway.conftest import CONTROL, SESSION, StartGateway
+
+STALLED = 40
+POSTS = 80
+CONTENT = "x" * 60_000  # 80 posts: ~5 MB each stalled stream never reads
+
+
+async def stalled_stream(url: str) -> asyncio.StreamWriter:
+    """An SSE request whose answer is never read past its head, on a small receive
+    buffer (so the gateway's side fills up soon)."""
+    parts = urlsplit(url)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (parts.hostname, parts.port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    request = f"GET /v1/sessions/{SESSION}/events/stream HTTP/1.1\r\nHost: {parts.netloc}\r\n\r\n"
+    writer.write(request.encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head
+    return writer
+
+
+async def test_stalled_streams_slow_neither_posts_nor_the_owner(
+    start_gateway: StartGateway,
+) -> None:
+    gateway = await start_gateway(max_streams_per_session=STALLED + 1)
+    async with GatewayClient(gateway.url, CONTROL) as control:
+        created = await control.create_session(CreateSession(session=SESSION))
+        await control.set_ownership(SESSION, OwnershipChange(expect_epoch=0, epoch=1, owner="a"))
+    stalled = [await stalled_stream(gateway.url) for _ in range(STALLED)]
+    assert gateway.gw.event_streams[SESSION] == STALLED
+
+    async with (
+        GatewayClient(gateway.url, timeout_s=30) as client,
+        GatewayClient(gateway.url, created.agent_token, timeout_s=30) as owner,
+    ):
+        delivered: list[str] = []
+
+        async def deliver() -> None:
+            after = 0
+            while len(delivered) < POSTS:
+                entries, _ = await owner.owner_entries(SESSION, epoch=1, after=after, wait_s=5)
+                delivered.extend(str(e.id) for e in entries if e.kind == "message")
+                after = entries[-1].seq if entries else after
+
+        streamed: list[str] = []
+
+        async def stream() -> None:
+            async with aclosing(client.event_stream(SESSION)) as batches:
+                async for batch in batches:
+                    streamed.extend(str(e.id) for e in batch if e.kind == "message")
+                    if len(streamed) == POSTS:
+                        return
+
+        readers = asyncio.gather(deliver(), stream())
+        posted = [
+            (await client.post_message(SESSION, CONTENT, id=f"m{n}")).id for n in range(POSTS)
+        ]
+        await asyncio.wait_for(readers, 60)
+    assert delivered == streamed == posted == [f"m{n}" for n in range(POSTS)]
+
+    for writer in stalled:  # leaving frees the places of streams stuck in a full socket
+        writer.transport.abort()
+    for _ in range(100):
+        if not gateway.gw.event_streams[SESSION]:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{gateway.gw.event_streams[SESSION]} stalled streams still open")

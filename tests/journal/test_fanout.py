@@ -1,0 +1,124 @@
+"""A commit costs the same whatever the number of followers of its session: it is
+handed to a shared tail, and followers take it from there (or from the database when
+they fell behind). Followers that stop reading hold nothing and slow nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Coroutine, Generator
+from contextlib import aclosing
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shadowpod.domain.entries import NewEntry
+from shadowpod.journal import JournalStore
+from shadowpod.journal.followers import TAIL_BATCHES
+from shadowpod.journal.postgres.store import PostgresJournalStore
+from shadowpod.journal.sqlite.store import SQLiteJournalStore
+from tests.conftest import PG_DSN, drop_pg_schema
+
+FOLLOWERS = 300
+COMMITS = 20
+
+
+def msg(n: int) -> NewEntry:
+    return NewEntry(kind="message", payload={"role": "user", "content": f"m{n}"})
+
+
+@pytest.fixture
+async def unpolled(backend: str, tmp_path: Path) -> AsyncIterator[JournalStore]:
+    """A store whose followers never poll during the test: a poll re-reads the database
+    for every follower, which is another matter (and starts tasks on PostgreSQL)."""
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    opened: JournalStore = (
+        SQLiteJournalStore(tmp_path / "journal.db", follow_poll_s=600)
+        if backend == "sqlite"
+        else PostgresJournalStore(PG_DSN, schema=schema, follow_poll_s=600)
+    )
+    await opened.open()
+    yield opened
+    await opened.close()
+    if backend == "postgres":
+        drop_pg_schema(schema)
+
+
+async def test_a_commit_starts_no_task_per_follower(unpolled: JournalStore) -> None:
+    """Waking a follower used to start a task of its own (a wait with a timeout) on every
+    commit: ``FOLLOWERS`` x ``COMMITS`` tasks on the gateway's loop. Now none."""
+    store = unpolled
+    await store.create_session("s")
+    seen = [0] * FOLLOWERS
+    waiting = asyncio.Event()  # every follower has its backlog and waits for commits
+
+    async def follower(index: int) -> None:
+        # Closed here, not by the loop's finaliser (which would start a task for it).
+        async with aclosing(store.follow_batches("s")) as batches:
+            async for batch in batches:
+                seen[index] = batch[-1].seq
+                if min(seen) == 1:
+                    waiting.set()
+                if seen[index] == COMMITS:
+                    return
+
+    followers = [asyncio.create_task(follower(i)) for i in range(FOLLOWERS)]
+    await store.append("s", [msg(1)])
+    await asyncio.wait_for(waiting.wait(), 30)
+
+    loop = asyncio.get_running_loop()
+    started = 0
+
+    def counting(
+        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any] | Generator[Any, None, Any]
+    ) -> asyncio.Task[Any]:
+        nonlocal started
+        started += 1
+        return asyncio.Task(coro, loop=loop)
+
+    loop.set_task_factory(counting)
+    try:
+        for n in range(2, COMMITS + 1):
+            await store.append("s", [msg(n)])
+        await asyncio.wait_for(asyncio.gather(*followers), 30)
+    finally:
+        loop.set_task_factory(None)
+    assert seen == [COMMITS] * FOLLOWERS
+    # The store's own work may start a few tasks per commit; not one per follower.
+    assert started < FOLLOWERS, f"{started} tasks for {COMMITS - 1} commits"
+
+
+async def test_stalled_followers_neither_block_commits_nor_miss_anything(
+    store: JournalStore,
+) -> None:
+    """Followers that take one batch and stop (a client that does not read its socket)
+    while many more commits than the tail keeps are made: a live follower gets each in
+    order meanwhile, and a stalled one, resumed, gets the rest from the database."""
+    await store.create_session("s")
+    total = TAIL_BATCHES * 2 + 10
+    await store.append("s", [msg(1)])
+    stalled = [store.follow_batches("s") for _ in range(50)]
+    for follower in stalled:
+        assert [e.seq for e in await anext(follower)] == [1]
+
+    live: list[int] = []
+
+    async def follow_live() -> None:
+        async for batch in store.follow_batches("s"):
+            live.extend(e.seq for e in batch)
+            if live[-1] == total:
+                return
+
+    reading = asyncio.create_task(follow_live())
+    for n in range(2, total + 1):
+        await store.append("s", [msg(n)])
+    await asyncio.wait_for(reading, 30)
+    assert live == list(range(1, total + 1))
+
+    for follower in stalled:
+        resumed: list[int] = []
+        while not resumed or resumed[-1] < total:
+            resumed.extend(e.seq for e in await asyncio.wait_for(anext(follower), 10))
+        assert resumed == list(range(2, total + 1))
+        await follower.aclose()
