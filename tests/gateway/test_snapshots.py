@@ -85,7 +85,7 @@ async def test_the_bare_document_is_the_text_the_owner_stored(
     assert enveloped.document == orjson.loads(text)
 
 
-async def test_a_snapshot_watermark_beyond_the_head_is_400(
+async def test_a_snapshot_watermark_beyond_the_head_is_409(
     http: aiohttp.ClientSession, url: str, client: GatewayClient, owned: Session
 ) -> None:
     await client.post_message(owned.name, "only one")
@@ -97,8 +97,9 @@ async def test_a_snapshot_watermark_beyond_the_head_is_400(
         params={"schema_version": 3, "epoch": 1},
         json={**DOCUMENT, "watermark": 5},
     )
-    assert (reply.status, reply.reason) == (400, "InvalidSnapshot")
-    assert "head is 2" in reply.json["message"]
+    # Well-formed, refused by the journal's state (it succeeds once the head is there).
+    assert (reply.status, reply.reason) == (409, "SnapshotBeyondHead")
+    assert "head 2" in reply.json["message"]
 
 
 V3 = {"schema_version": 3, "epoch": 1}

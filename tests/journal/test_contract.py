@@ -15,11 +15,11 @@ from shadowpod.journal import (
     EpochConflict,
     Fenced,
     InvalidOwnership,
-    InvalidSnapshot,
     JournalStore,
     JournalTruncated,
     SessionExists,
     SessionNotFound,
+    SnapshotBeyondHead,
     SnapshotNotFound,
 )
 from shadowpod.journal.spool import SnapshotSpool
@@ -436,7 +436,7 @@ async def test_snapshots_are_stored_compressed_and_listed(store: JournalStore) -
     ]
     with pytest.raises(SnapshotNotFound, match="no snapshot at seq 4"):
         await store.get_snapshot("s", 4)
-    with pytest.raises(InvalidSnapshot, match="outside the journal"):
+    with pytest.raises(SnapshotBeyondHead, match="beyond the journal's head 5"):
         await store.put_snapshot("s", watermark=6, schema_version=3, document_json=b"{}")
 
 

@@ -12,6 +12,7 @@ from shadowpod.journal.errors import (
     JournalTruncated,
     SessionExists,
     SessionNotFound,
+    SnapshotBeyondHead,
     SnapshotNotFound,
     StoreUnavailable,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "SessionInfo",
     "SessionNotFound",
     "Snapshot",
+    "SnapshotBeyondHead",
     "SnapshotInfo",
     "SnapshotNotFound",
     "StoreUnavailable",

@@ -151,6 +151,21 @@ class InvalidSnapshot(ShadowpodError, ValueError):
     reason = "InvalidSnapshot"
 
 
+class SnapshotBeyondHead(InvalidSnapshot):
+    """A snapshot at a watermark the journal has not reached: a well-formed request
+    the session's current state refuses (the same one succeeds once the head is there)."""
+
+    reason = "SnapshotBeyondHead"
+
+    def __init__(self, session: str, *, watermark: int, head: int) -> None:
+        self.session = session
+        self.watermark = watermark
+        super().__init__(
+            f"session {session!r}: snapshot watermark {watermark} is beyond the journal's "
+            f"head {head}; a snapshot must reflect entries that exist"
+        )
+
+
 class SnapshotTooOld(InvalidSnapshot):
     """A snapshot older than every one a session keeps: it would be deleted at once."""
 

@@ -30,6 +30,7 @@ from shadowpod.journal.errors import (
     SessionExists,
     SessionHasForks,
     SessionNotFound,
+    SnapshotBeyondHead,
     SnapshotNotFound,
     SnapshotTooOld,
     check_writer,
@@ -580,11 +581,10 @@ class Statements:
         row = await self._row(conn, session, lock=True)
         sid = row[0]
         check_writer(session, row[6], row[7], owner_epoch, owner)
-        if not 0 <= watermark <= row[4]:
-            raise InvalidSnapshot(
-                f"session {session!r}: snapshot watermark {watermark} is outside the journal "
-                f"(head is {row[4]}); a snapshot must reflect entries that exist"
-            )
+        if watermark < 0:
+            raise InvalidSnapshot(f"session {session!r}: a negative snapshot watermark")
+        if watermark > row[4]:
+            raise SnapshotBeyondHead(session, watermark=watermark, head=row[4])
         newer = await (
             await conn.execute(
                 f"SELECT count(*) FROM {self.s}.snapshots WHERE sid = %s AND watermark > %s",

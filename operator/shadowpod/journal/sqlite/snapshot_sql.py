@@ -12,6 +12,7 @@ from typing import Final
 from shadowpod.journal import codec
 from shadowpod.journal.errors import (
     InvalidSnapshot,
+    SnapshotBeyondHead,
     SnapshotNotFound,
     SnapshotTooOld,
     check_writer,
@@ -41,11 +42,10 @@ def put_snapshot(
     row = session_row(tx.conn, session)
     sid = row["sid"]
     check_writer(session, row["epoch"], row["owner"], owner_epoch, owner)
-    if not 0 <= watermark <= row["head"]:
-        raise InvalidSnapshot(
-            f"session {session!r}: snapshot watermark {watermark} is outside the journal "
-            f"(head is {row['head']}); a snapshot must reflect entries that exist"
-        )
+    if watermark < 0:
+        raise InvalidSnapshot(f"session {session!r}: a negative snapshot watermark")
+    if watermark > row["head"]:
+        raise SnapshotBeyondHead(session, watermark=watermark, head=row["head"])
     (newer,) = tx.conn.execute(
         "SELECT count(*) FROM snapshots WHERE sid = ? AND watermark > ?", (sid, watermark)
     ).fetchone()
