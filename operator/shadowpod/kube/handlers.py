@@ -7,8 +7,12 @@ given to ``kopf.operator`` and filled by the startup handler.
 - AgentSession: reconciled on create, on resume, on a spec change and every
   ``reconcile_interval_s`` (level-triggered: an owner pod that died, a cordoned node,
   a queued image change are found by the next pass); a finalizer cleans up.
-- AgentMigration: a daemon per unfinished migration runs the engine; deleting it
-  cancels it (Kopf stops the daemon, which rolls back before releasing).
+- AgentMigration: a daemon per unfinished migration waits in the cluster-wide pacing
+  queue (``admission``, one loop started at startup), then runs the engine; deleting
+  it cancels it (Kopf stops the daemon, which rolls back before releasing).
+- AgentDeployment: its rollout planned on create, resume, any change (the plugin's
+  resume and abort are annotations), every ``reconcile_interval_s``, and when one of
+  its migrations ends (``rollouts``).
 - Node: a cordon is seen at once, and the sessions on it are reconciled.
 - Pod: an owner pod that became ready, stopped being ready or went: its session is
   reconciled at once.
@@ -38,17 +42,20 @@ from pydantic import ValidationError
 
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
-from shadowpod.kube import cleanup, migrations, names, sessions
+from shadowpod.kube import cleanup, migrations, names, rollouts, sessions
+from shadowpod.kube.admission import AdmissionQueue
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.config import OperatorConfig
 from shadowpod.kube.context import OperatorContext, backoff_key
 from shadowpod.kube.metrics import OperatorMetrics
 from shadowpod.kube.models.v1alpha1 import GROUP, VERSION
+from shadowpod.kube.models.v1alpha1.deployment import DEPLOYMENT_LABEL
 
 logger = logging.getLogger("shadowpod.operator")
 
 SESSIONS: Final = (GROUP, VERSION, "agentsessions")
 MIGRATIONS: Final = (GROUP, VERSION, "agentmigrations")
+DEPLOYMENTS: Final = (GROUP, VERSION, "agentdeployments")
 # A stopped daemon lets go at once (the record is saved before every step); this is
 # only how long Kopf waits before it cancels one that did not.
 CANCELLATION_BACKOFF_S: Final = 10.0
@@ -119,6 +126,9 @@ class OperatorMemo:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     resources: AsyncExitStack = field(default_factory=AsyncExitStack)
     started: OperatorContext | None = None
+    # The cluster-wide pacing queue, and its loop's task (from startup to cleanup).
+    queue: AdmissionQueue | None = None
+    admitting: asyncio.Task[None] | None = None
 
     @property
     def context(self) -> OperatorContext:
@@ -146,6 +156,12 @@ def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         registry=reg,
     )(migration_daemon)
     kopf.on.delete(*MIGRATIONS, registry=reg)(migration_deleted)
+    kopf.on.resume(*DEPLOYMENTS, registry=reg)(deployment_changed)
+    kopf.on.create(*DEPLOYMENTS, registry=reg)(deployment_changed)
+    # Spec, labels and annotations (the plugin's resume and abort are annotations).
+    kopf.on.update(*DEPLOYMENTS, registry=reg)(deployment_changed)
+    kopf.timer(*DEPLOYMENTS, interval=config.reconcile_interval_s, registry=reg)(deployment_timer)
+    kopf.on.delete(*DEPLOYMENTS, optional=True, registry=reg)(deployment_deleted)
     kopf.on.field("", "v1", "nodes", field="spec.unschedulable", registry=reg)(node_cordoned)
     kopf.on.event("", "v1", "pods", labels={names.SESSION_LABEL: kopf.PRESENT}, registry=reg)(
         pod_changed
@@ -168,9 +184,16 @@ async def startup(memo: OperatorMemo, settings: kopf.OperatorSettings, **_: Any)
         GatewayClient(config.gateway_url, config.control_token)
     )
     memo.started = OperatorContext(KubeApi(api), admin, http, config, memo.metrics)
+    memo.metrics.max_concurrent_migrations.set(config.max_concurrent_migrations)
+    memo.queue = AdmissionQueue(memo.started)
+    memo.admitting = asyncio.create_task(memo.queue.run())
 
 
 async def shutdown(memo: OperatorMemo, **_: Any) -> None:
+    if memo.admitting is not None:
+        memo.admitting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await memo.admitting
     await memo.resources.aclose()
 
 
@@ -199,16 +222,45 @@ async def migration_daemon(
     raw: dict[str, Any] = dict(body)
     ctx = memo.context
     try:
-        await migrations.run(ctx, raw, stopped)
+        await migrations.run(ctx, raw, stopped, memo.queue)
     except (ShadowpodError, ValidationError) as exc:
         failure = await ctx.reconcile_failed(raw, "AgentMigration", exc)
         raise kopf.TemporaryError(f"{failure.reason}: {exc}", delay=failure.retry_s) from exc
     ctx.backoff.succeeded(backoff_key("AgentMigration", raw))
+    if not stopped:
+        await _migration_ended(raw, memo)
+
+
+async def _migration_ended(raw: dict[str, Any], memo: OperatorMemo) -> None:
+    """A slot is free, and a rollout may take its next step: both looked at now."""
+    if memo.queue is not None:
+        memo.queue.poke()
+    deployment = (raw["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL)
+    if deployment:
+        await rollouts.reconcile_named(memo.context, raw["metadata"]["namespace"], deployment)
 
 
 async def migration_deleted(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
     """A cancel: rolled back (or finished, past the cutover) before the finalizer goes."""
     await migrations.cancel(memo.context, dict(body))
+    if memo.queue is not None:
+        memo.queue.poke()
+
+
+async def deployment_changed(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    meta = body["metadata"]
+    await rollouts.reconcile_named(memo.context, meta["namespace"], meta["name"])
+
+
+async def deployment_timer(body: kopf.Body, memo: OperatorMemo, **kwargs: Any) -> None:
+    meta = body["metadata"]
+    pass_ = rollouts.reconcile_named(memo.context, meta["namespace"], meta["name"])
+    await _unless_stopped(pass_, kwargs["stopped"])
+
+
+async def deployment_deleted(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    """Its sessions stay as they are, on their versions; its queued moves finish."""
+    rollouts.forget(memo.context, body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 async def node_cordoned(name: str, new: Any, memo: OperatorMemo, **_: Any) -> None:

@@ -40,7 +40,7 @@ from shadowpod.client.gateway import GatewayError
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.ports import GatewayUnavailable
 from shadowpod.engine.record import TERMINAL
-from shadowpod.kube import conditions, manifests, names, validation
+from shadowpod.kube import conditions, following, manifests, names, validation
 from shadowpod.kube.api import AlreadyExists, namespaced
 from shadowpod.kube.comparisons import warm_semantic_judge
 from shadowpod.kube.context import Failure, OperatorContext, backoff_key
@@ -88,9 +88,18 @@ async def gateway_call(ctx: OperatorContext, call: Any) -> Any:
 async def problems(ctx: OperatorContext, session: AgentSession) -> list[Problem]:
     """What in the spec the API server could not check and the operator can."""
     found = []
-    if (problem := image_problem(session.spec.image)) is not None:
-        found.append(Problem("InvalidImage", problem))
     namespace = session.metadata.namespace or "default"
+    if session.spec.image is None:
+        followed = session.spec.deployment_ref.name if session.spec.deployment_ref else ""
+        found.append(
+            Problem(
+                "DeploymentNotFound",
+                f"spec.deploymentRef names AgentDeployment {followed!r}, which"
+                f" does not exist in namespace {namespace!r}: create it, or give spec.image",
+            )
+        )
+    elif (problem := image_problem(session.spec.image)) is not None:
+        found.append(Problem("InvalidImage", problem))
     for credential in session.spec.credentials:
         ref = credential.secret_ref
         secret = await ctx.api.get(namespaced("secrets", namespace, ref.name))
@@ -271,7 +280,7 @@ def _ended(summary: MigrationSummary) -> datetime:
 
 async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     """One pass over the session (see the module's docstring)."""
-    session = session_model(body)
+    session = await following.effective(ctx, body)
     namespace, name = session.metadata.namespace or "default", session.metadata.name or ""
     found = await problems(ctx, session)
     key = f"{namespace}/{name}"
@@ -317,7 +326,9 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
         else:
             pod = await _create_owner(ctx, session, ownership.owner, ownership.epoch)
     if active is None and pod is not None and not pod_dead(pod) and pod_ready(pod):
-        active = await _maybe_migrate(ctx, session, body, pod, migrations, gated=gated)
+        active = await _maybe_migrate(
+            ctx, session, body, pod, migrations, gated=gated or following.rolled_out(body)
+        )
     position = None
     # The journal's position is shown when the gateway answers.
     with contextlib.suppress(GatewayError, aiohttp.ClientError, TimeoutError):
@@ -395,12 +406,13 @@ async def _maybe_migrate(
 ) -> dict[str, Any] | None:
     """An AgentMigration for an image change or a cordoned node, if one is due. An
     image change waits while the session's validation policy is invalid (``gated``):
-    it would run a gate that cannot run; a drain keeps the image and is not gated."""
+    it would run a gate that cannot run; a drain keeps the image and is not gated. A
+    rolled-out session (``following``) is ``gated`` too: its rollouts change its image."""
     name = session.metadata.name or ""
     namespace = session.metadata.namespace or "default"
     generation = int(body["metadata"].get("generation") or 1)
     migration: dict[str, Any] | None = None
-    if container_image(pod) != session.spec.image:
+    if session.spec.image is not None and container_image(pod) != session.spec.image:
         if gated or _moved_by_hand(migrations, container_image(pod), generation):
             return None
         wanted = names.image_migration(name, generation)

@@ -1,0 +1,353 @@
+"""Fleet upgrades under the operator: sessions that follow an AgentDeployment, a new
+template image rolled out to them in steps through the cluster-wide pacing queue —
+never more migrations running than the caps, nothing lost, doubled or reordered under
+client load —, a version the upgrade gate rejects halted after the canary, an abort
+that moves the canary back, a pinned session that never moves, and an operator
+restarted in the middle of a rollout that carries on. A few sessions each: the
+benchmark (``shadowpod bench rollout``) is where a fleet is large."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shadowpod.kube.models.v1alpha1 import API_VERSION
+from shadowpod.kube.models.v1alpha1.deployment import DEPLOYMENT_LABEL, REVISION_LABEL
+from tests.kube.connection import KubeConnection
+from tests.kube.kubelet import Kubelet
+from tests.kube.operator_world import Load, World, invariants, plugin, world_of
+from tests.kube.support import eventually
+
+pytestmark = pytest.mark.timeout(420)
+
+POLICY = {"fenceTimeoutSeconds": 5, "drainGracePeriodSeconds": 2}
+FINISHED = {"Succeeded", "RolledBack", "Failed"}
+# The upgrade gate of the halting rollout: two live turns, compared word for word.
+GATE = {"turns": 2, "timeoutSeconds": 60, "gate": {"judge": "Exact"}}
+# Every other message asks for the name the session knows: the forgetful version fails.
+ASK = lambda n: "what is my name?" if n % 2 == 0 else f"message {n}"  # noqa: E731
+
+
+def deployment_manifest(
+    name: str, image: str, *, migration: dict[str, Any] | None = None, **strategy: Any
+) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentDeployment",
+        "metadata": {"name": name},
+        "spec": {
+            "template": {"image": image},
+            "migration": {**POLICY, **(migration or {})},
+            "strategy": strategy,
+        },
+    }
+
+
+def follower(name: str, deployment: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AgentSession",
+        "metadata": {"name": name},
+        "spec": {"deploymentRef": {"name": deployment}, **spec},
+    }
+
+
+@pytest.fixture
+async def fleet(
+    emulator_kube: KubeConnection, kubelet: Kubelet, tmp_path: Path
+) -> AsyncIterator[World]:
+    """The operator world on two nodes, with the pacing queue's caps at 2 in the
+    cluster and 1 out of one node (the defaults are 10 and 2: a few sessions would
+    never queue)."""
+    await kubelet.add_node("node-2")
+    async for running in world_of(emulator_kube, "default", tmp_path):
+        running.max_concurrent_migrations = 2
+        running.max_concurrent_migrations_per_node = 1
+        await running.start_operator()
+        yield running
+
+
+async def deployment(world: World, name: str) -> dict[str, Any]:
+    found = await world.raw.get(world.path("agentdeployments", name))
+    assert found is not None
+    return found
+
+
+async def set_image(world: World, name: str, image: str) -> None:
+    await world.raw.patch(
+        world.path("agentdeployments", name), {"spec": {"template": {"image": image}}}
+    )
+
+
+async def wait_phase(world: World, name: str, *phases: str, timeout: float = 240) -> dict[str, Any]:
+    async def reached() -> dict[str, Any] | None:
+        body = await deployment(world, name)
+        return body if (body.get("status") or {}).get("phase") in phases else None
+
+    found: dict[str, Any] = await eventually(reached, timeout=timeout, every=0.3)
+    return found
+
+
+async def rollout_migrations(world: World, name: str) -> list[dict[str, Any]]:
+    listed = await world.raw.list(world.path("agentmigrations"), labels={DEPLOYMENT_LABEL: name})
+    return sorted(listed, key=lambda m: (m["metadata"]["creationTimestamp"], m["metadata"]["name"]))
+
+
+def conditions(body: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in body["status"]["conditions"]}
+
+
+async def images(world: World, sessions: list[str]) -> dict[str, str]:
+    return {name: (await world.session(name))["status"].get("image") for name in sessions}
+
+
+class Running:
+    """Samples every migration's phase while a rollout goes: the most that ran at once,
+    in the cluster and out of one node."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.most = 0
+        self.most_per_node = 0
+        self.seen_queued = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def _sample(self) -> None:
+        while True:
+            listed = await self.world.raw.list(self.world.path("agentmigrations"))
+            running = [
+                m
+                for m in listed
+                if (m.get("status") or {}).get("phase") not in (None, "Queued", *FINISHED)
+            ]
+            self.seen_queued |= any(
+                (m.get("status") or {}).get("phase") == "Queued" for m in listed
+            )
+            nodes = Counter(((m["status"].get("source") or {}).get("nodeName")) for m in running)
+            self.most = max(self.most, len(running))
+            self.most_per_node = max(
+                [self.most_per_node, *(n for node, n in nodes.items() if node is not None)]
+            )
+            await asyncio.sleep(0.1)
+
+    async def __aenter__(self) -> Running:
+        self._task = asyncio.create_task(self._sample())
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def test_a_good_version_rolls_out_in_steps_within_the_caps_and_a_pinned_one_stays(
+    fleet: World,
+) -> None:
+    world = fleet
+    names = ["s1", "s2", "s3"]
+    await world.apply(
+        deployment_manifest("agent", "refagent:v1", steps=[{"canary": {"sessions": 1}}])
+    )
+    for name in names:
+        await world.apply(follower(name, "agent"))
+    await world.apply(follower("kept", "agent", pinned=True))
+    for name in [*names, "kept"]:
+        body = await world.wait_running(name, epoch=1, timeout=180)
+        assert body["status"]["image"] == "refagent:v1"
+    complete = await wait_phase(world, "agent", "Complete")
+    assert complete["status"]["sessions"]["total"] == 4
+
+    async with contextlib.AsyncExitStack() as stack:
+        loads = [await stack.enter_async_context(Load(world, name, rate=5)) for name in names]
+        for load in loads:
+            await eventually(lambda load=load: load.load.replies, timeout=30)
+        running = await stack.enter_async_context(Running(world))
+        await set_image(world, "agent", "refagent:v2")
+        body = await wait_phase(world, "agent", "Complete", timeout=300)
+        assert body["status"]["revision"] == 2
+        for load in loads:
+            assert await load.stop(), "some accepted messages were never answered"
+        migrations = await rollout_migrations(world, "agent")
+        for name, load in zip(names, loads, strict=True):
+            own = [m for m in migrations if m["spec"]["sessionRef"]["name"] == name]
+            assert invariants(load, own) == {}, name
+
+    # Every session that may move runs v2, through one migration each; the pinned one
+    # stays on v1 and was never moved.
+    assert await images(world, names) == dict.fromkeys(names, "refagent:v2")
+    assert (await world.session("kept"))["status"]["image"] == "refagent:v1"
+    assert sorted(m["spec"]["sessionRef"]["name"] for m in migrations) == names
+    assert all(m["status"]["result"] == "Succeeded" for m in migrations)
+    assert all(m["spec"]["reason"] == "Rollout" for m in migrations)
+    assert {m["metadata"]["labels"][REVISION_LABEL] for m in migrations} == {"2"}
+    assert not [
+        m
+        for m in await world.raw.list(world.path("agentmigrations"))
+        if m["spec"]["sessionRef"]["name"] == "kept"
+    ]
+
+    # Never more than the caps ran at once, and the rest waited, Queued.
+    assert running.most <= 2 and running.most_per_node <= 1, (running.most, running.most_per_node)
+    assert running.seen_queued
+    # The canary first, alone: the others were created after it had succeeded.
+    canary, *rest = migrations
+    assert all(
+        m["metadata"]["creationTimestamp"] >= canary["status"]["completionTime"][:19] for m in rest
+    )
+
+    status = body["status"]
+    assert status["targetImage"] == "refagent:v2" and status["stableImage"] == "refagent:v1"
+    assert {v["image"]: v["sessions"] for v in status["versions"]} == {
+        "refagent:v2": 3,
+        "refagent:v1": 1,
+    }
+    assert status["sessions"]["updated"] == 3 and status["sessions"]["pinned"] == 1
+    assert conditions(body) == {
+        "Progressing": ("True", "RolloutComplete"),
+        "Available": ("True", "SessionsServing"),
+        "Halted": ("False", "WithinFailureBudget"),
+    }
+    said = [r for _, r, _ in await world.events("agent")]
+    assert "RolloutStarted" in said and "MigrationsCreated" in said and "RolloutComplete" in said
+
+    history = await plugin(world, "rollout", "history", "agent")
+    assert history.exit_code == 0 and all(
+        m["metadata"]["name"] in history.output for m in migrations
+    )
+    status_said = await plugin(world, "rollout", "status", "agent")
+    assert status_said.exit_code == 0 and "Complete" in status_said.output
+
+
+async def test_a_version_the_gate_rejects_halts_after_the_canary_and_the_rest_stay(
+    fleet: World,
+) -> None:
+    world = fleet
+    names = ["g1", "g2", "g3"]
+    await world.apply(
+        deployment_manifest(
+            "gated",
+            "refagent:v2",
+            migration={"validation": GATE},
+            steps=[{"canary": {"sessions": 1}}],
+        )
+    )
+    for name in names:
+        await world.apply(follower(name, "gated"))
+    for name in names:
+        await world.wait_running(name, epoch=1, timeout=180)
+    await wait_phase(world, "gated", "Complete")
+
+    async with contextlib.AsyncExitStack() as stack:
+        loads = [
+            await stack.enter_async_context(Load(world, name, rate=3, message=ASK))
+            for name in names
+        ]
+        for load in loads:
+            await eventually(lambda load=load: load.load.replies, timeout=30)
+        await set_image(world, "gated", "refagent:v2-forgetful")
+        body = await wait_phase(world, "gated", "Halted", timeout=300)
+        await asyncio.sleep(2)  # a few more passes: nothing else starts
+        for load in loads:
+            assert await load.stop(), "some accepted messages were never answered"
+
+    migrations = await rollout_migrations(world, "gated")
+    assert len(migrations) == 1, [m["metadata"]["name"] for m in migrations]
+    canary = migrations[0]
+    assert canary["status"]["result"] == "RolledBack"
+    status = body["status"]
+    assert conditions(body)["Halted"] == ("True", "GateRejected")
+    assert conditions(body)["Progressing"] == ("False", "RolloutHalted")
+    assert status["gateVerdicts"]["rejected"] == 1
+    rejected = status["gateVerdicts"]["recentRejections"][0]
+    assert rejected["session"] == canary["spec"]["sessionRef"]["name"]
+    assert status["halt"]["reason"] == "GateRejected"
+    assert canary["spec"]["sessionRef"]["name"] in status["message"]
+    # Every session still runs v2 and serves; the two past the canary were never touched.
+    assert await images(world, names) == dict.fromkeys(names, "refagent:v2")
+    for name in names:
+        await world.wait_running(name)
+    warnings = [r for t, r, _ in await world.events("gated") if t == "Warning"]
+    assert "RolloutHalted" in warnings
+    halted = await plugin(world, "rollout", "status", "gated")
+    assert halted.exit_code == 1 and "GateRejected" in halted.output
+
+
+async def test_abort_moves_the_canary_back_live(fleet: World) -> None:
+    world = fleet
+    names = ["a1", "a2", "a3"]
+    await world.apply(
+        deployment_manifest(
+            "back", "refagent:v1", steps=[{"canary": {"sessions": 1}}, {"pause": {}}]
+        )
+    )
+    for name in names:
+        await world.apply(follower(name, "back"))
+    for name in names:
+        await world.wait_running(name, epoch=1, timeout=180)
+    await wait_phase(world, "back", "Complete")
+
+    await set_image(world, "back", "refagent:v2")
+    paused = await wait_phase(world, "back", "Paused")
+    assert paused["status"]["sessions"]["updated"] == 1
+    [forward] = await rollout_migrations(world, "back")
+    canary = forward["spec"]["sessionRef"]["name"]
+    assert (await world.session(canary))["status"]["image"] == "refagent:v2"
+
+    async with Load(world, canary, rate=5) as load:
+        await eventually(lambda: load.load.replies, timeout=30)
+        aborted = await plugin(world, "rollout", "abort", "back")
+        assert aborted.exit_code == 0, aborted.output
+        body = await wait_phase(world, "back", "Aborted", timeout=240)
+        assert await load.stop(), "some accepted messages were never answered"
+        migrations = await rollout_migrations(world, "back")
+        assert invariants(load, migrations) == {}
+
+    back = [m for m in migrations if m["spec"]["target"]["image"] == "refagent:v1"]
+    assert [m["spec"]["sessionRef"]["name"] for m in back] == [canary]
+    assert back[0]["status"]["result"] == "Succeeded"
+    assert await images(world, names) == dict.fromkeys(names, "refagent:v1")
+    assert conditions(body)["Progressing"] == ("False", "RolloutAborted")
+    assert "RolloutAborting" in [r for t, r, _ in await world.events("back") if t == "Warning"]
+
+
+async def test_an_operator_restarted_mid_rollout_carries_it_on(fleet: World) -> None:
+    world = fleet
+    names = ["r1", "r2", "r3"]
+    await world.apply(deployment_manifest("again", "refagent:v1"))
+    for name in names:
+        await world.apply(follower(name, "again"))
+    for name in names:
+        await world.wait_running(name, epoch=1, timeout=180)
+    await wait_phase(world, "again", "Complete")
+
+    await set_image(world, "again", "refagent:v2")
+
+    async def some_moved() -> bool:
+        done = [
+            m
+            for m in await rollout_migrations(world, "again")
+            if (m.get("status") or {}).get("result") == "Succeeded"
+        ]
+        return bool(done)
+
+    await eventually(some_moved, timeout=180, every=0.2)
+    await world.stop_operator()
+    stopped_at = await deployment(world, "again")
+    assert stopped_at["status"]["phase"] == "Progressing"
+    assert stopped_at["status"]["sessions"]["updated"] < len(names)
+    await world.start_operator()
+
+    body = await wait_phase(world, "again", "Complete", timeout=300)
+    assert body["status"]["revision"] == stopped_at["status"]["revision"]
+    assert await images(world, names) == dict.fromkeys(names, "refagent:v2")
+    migrations = await rollout_migrations(world, "again")
+    # One migration per session, none made twice by the restarted operator.
+    assert sorted(m["spec"]["sessionRef"]["name"] for m in migrations) == names
+    assert all(m["status"]["result"] == "Succeeded" for m in migrations)
