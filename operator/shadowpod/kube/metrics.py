@@ -14,6 +14,7 @@ from typing import Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from shadowpod import __version__
+from shadowpod.fleet.progress import RolloutPhase
 
 # Up to 10 minutes: a migration's phases take milliseconds to minutes.
 DURATION_BUCKETS: Final = (
@@ -187,6 +188,9 @@ class OperatorMetrics:
             ["phase"],
             registry=r,
         )
+        # Every phase's series exists from the start at 0, for the rollout alerts.
+        for phase in RolloutPhase:
+            self.rollouts.labels(phase=phase.value)
         self.rollout_migrations = Counter(
             "shadowpod_rollout_migrations",
             "Migrations rollouts created, by why: Rollout (forward) or Abort (back).",
