@@ -241,7 +241,7 @@ async def test_a_drain_report_does_not_end_the_next_owners_process_of_the_same_n
     dep: LocalDeployment, client: GatewayClient, tmp_path: Path
 ) -> None:
     await dep.create_session(SESSION, image="surfaces:slow-drain", instance=OWNER)
-    spawned = await post(client, "spawn worker stubborn")  # its drain takes the 2 s grace
+    spawned = await post(client, "spawn worker stubborn")  # its drain takes the 8 s grace
     await wait_answered(dep.admin, [spawned])
 
     async def worker_up() -> bool | None:
@@ -258,7 +258,9 @@ async def test_a_drain_report_does_not_end_the_next_owners_process_of_the_same_n
     pid = reply.payload["meta"]["pid"]
     first = dep.runtime.instance(OWNER)
     assert first is not None
-    assert await asyncio.wait_for(first.process.wait(), timeout=10) == 0  # drained, reported
+    assert (
+        await asyncio.wait_for(first.process.wait(), timeout=20) == 0
+    )  # drained (8 s grace), reported
 
     entries = await read_journal(dep.admin)
     (started,) = [e for e in of_kind(entries, EntryKind.PROCESS) if e.payload["pid"] == pid]

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from shadowpod.client.agent import compare_report
-from shadowpod.client.validation import WINDOW_TIMEOUT
 from shadowpod.engine.ports import CompareWindowLost, InstanceSpec
 from shadowpod.gates.policy import GatePolicy
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.images import reference_images
+from shadowpod.validator import WINDOW_TIMEOUT
 from tests.agent.support import post, read_journal, replies, wait_answered
 
 SESSION = "w"

@@ -1,12 +1,16 @@
 """An agent runtime as the session's owner: adopting the session, taking turns,
 journaling their outputs at its epoch.
 
-``OwnerLoop`` is the owner half of ``AgentRuntime`` (``shadowpod.agent.runtime``),
-which holds the state it works on: the folded journal, the epoch, the connection to
-the gateway. An owner processes the lowest pending inbound entry the gateway released
-to it, journals the turn's outputs and ack in one append (quick turns queued behind
-each other share one), and takes the next turn only once the journal has come back
-past that ack — so every turn sees exactly the state the journal says it saw.
+``OwnerLoop`` is one owner phase of an agent process: the runtime
+(``shadowpod.agent.runtime``) makes one when it starts owning the session (again, after
+a restore from a checkpoint) and lends it what it holds through ``OwnerHost``: the
+folded journal, the epoch, the connection to the gateway. The loop keeps what only
+owning needs: the owner channel, how far the gateway released work and the journal
+came back, whether the session is adopted. An owner processes the lowest pending
+inbound entry the gateway released to it, journals the turn's outputs and ack in one
+append (quick turns queued behind each other share one), and takes the next turn only
+once the journal has come back past that ack — so every turn sees exactly the state
+the journal says it saw.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, Protocol
 
 import aiohttp
 
@@ -41,42 +45,76 @@ APPEND_RETRY_S: Final = 60.0
 TRANSIENT: Final = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
+class OwnerHost(Protocol):
+    """What an owner loop reads of the process that hosts it, and the two things it
+    reports back (``serving``, ``turns``: the agent's status shows them)."""
+
+    serving: bool  # owner at its epoch, adopted, and the gateway took its writes
+    turns: int  # turns taken by this process, every phase
+
+    @property
+    def agent(self) -> AgentDeclaration: ...
+    @property
+    def identity(self) -> Identity: ...
+    @property
+    def session(self) -> str: ...
+    @property
+    def client(self) -> GatewayClient: ...
+    @property
+    def folder(self) -> StateFolder: ...
+    @property
+    def processes(self) -> ProcessRegistry: ...
+    @property
+    def limits(self) -> AppendLimits: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def promotion(self) -> Promotion | None:
+        """Set when this process became owner through an ExchangeFence as a shadow."""
+
+    @property
+    def stopping(self) -> bool:
+        """SIGTERM: finish the turn in progress, take no other."""
+
+    @property
+    def relocating(self) -> bool:
+        """A copy restored from a checkpoint, not yet relocated: it writes nothing."""
+
+    def apply(self, batch: Sequence[JournalEntry]) -> None:
+        """Fold entries the gateway delivered into ``folder``."""
+
+    async def backoff(self, failures: int, exc: BaseException) -> int:
+        """Wait before the gateway is asked again; returns ``failures + 1``."""
+
+
 class OwnerLoop:
-    # What the runtime holds (see ``AgentRuntime.__init__``).
-    agent: AgentDeclaration
-    identity: Identity
-    folder: StateFolder
-    processes: ProcessRegistry
-    epoch: int
-    turns: int
-    promotion: Promotion | None
-    limits: AppendLimits
-    serving: bool
-    _awaiting: int
-    _released: int
-    _channel: OwnerChannelClient | None
-    _hook: asyncio.Task[None] | None
-    _superseded: bool
-    _in_turn: bool
-    _adopted: bool
-    _stopping: bool
-    _relocating: bool
+    def __init__(self, host: OwnerHost) -> None:
+        self.host = host
+        self.superseded = False  # a later epoch took the session: take no more turns
+        self.in_turn = False
+        self._awaiting = 0  # seq of our last append: the next turn waits for it to come back
+        self._released = 0  # the highest inbound seq the gateway released to us
+        self._adopted = False  # the session's adoption (see _become_owner) is journaled
+        self._channel: OwnerChannelClient | None = None
+        self._hook: asyncio.Task[None] | None = None
 
     @property
     def session(self) -> str:
-        raise NotImplementedError
+        return self.host.session
 
     @property
-    def client(self) -> GatewayClient:
-        raise NotImplementedError
+    def epoch(self) -> int:
+        return self.host.epoch
 
-    def _apply(self, batch: Sequence[JournalEntry]) -> None:
-        raise NotImplementedError
+    async def stop_hook(self) -> None:
+        """Cancel the agent's ``on_owner`` background work, if it still runs."""
+        if self._hook is not None and not self._hook.done():
+            self._hook.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._hook
+        self._hook = None
 
-    async def _backoff(self, failures: int, exc: BaseException) -> int:
-        raise NotImplementedError
-
-    async def _own(self) -> None:
+    async def run(self) -> None:
         """Take turns while there is released work; otherwise wait for deliveries.
 
         Deliveries and appends go over the owner channel (one WebSocket); entries are
@@ -85,35 +123,38 @@ class OwnerLoop:
         failures = 0
         adopting = self._adopt_at_once()
         try:
-            while not (self._superseded or self._stopping):
+            while not (self.superseded or self.host.stopping):
                 try:
                     async with OwnerChannelClient(
-                        self.client, self.session, epoch=self.epoch, after=self.folder.watermark
+                        self.host.client,
+                        self.session,
+                        epoch=self.epoch,
+                        after=self.host.folder.watermark,
                     ) as channel:
                         self._channel = channel
                         failures = 0
                         if adopting is not None:
                             task, adopting = adopting, None
                             await task  # its turns ran while the channel opened
-                            self.serving = True
+                            self.host.serving = True
                         await self._serve(channel)
                 except ChannelClosed as exc:
                     if exc.superseded:
-                        self._superseded = True
+                        self.superseded = True
                     else:
-                        failures = await self._backoff(failures, exc)
+                        failures = await self.host.backoff(failures, exc)
                 except Superseded:
-                    self._superseded = True
+                    self.superseded = True
                 except GatewayError as exc:
                     if exc.reason == "Fenced":
-                        self._superseded = True
+                        self.superseded = True
                     elif permanent(exc):
                         why = await self._refusal(exc)
                         raise WriteRefused(f"the gateway refused this owner: {why}") from exc
                     else:
-                        failures = await self._backoff(failures, exc)
+                        failures = await self.host.backoff(failures, exc)
                 except TRANSIENT as exc:
-                    failures = await self._backoff(failures, exc)
+                    failures = await self.host.backoff(failures, exc)
                 finally:
                     self._channel = None
         finally:
@@ -128,8 +169,8 @@ class OwnerLoop:
         if exc.reason != "HandshakeFailed":
             return exc
         try:
-            await self.client.owner_entries(
-                self.session, epoch=self.epoch, after=self.folder.watermark, limit=1
+            await self.host.client.owner_entries(
+                self.session, epoch=self.epoch, after=self.host.folder.watermark, limit=1
             )
         except GatewayError as explained:
             return explained
@@ -143,27 +184,31 @@ class OwnerLoop:
         it followed), and the gate released every inbound entry before the marker to
         the new epoch. Their append goes over plain HTTP if the channel is not up yet.
         Saves the channel's handshake and first delivery from the fence pause."""
-        if self.promotion is None:
+        if self.host.promotion is None:
             return None
-        self._released = max(self._released, self.promotion.fence_seq)
+        self._released = max(self._released, self.host.promotion.fence_seq)
         return asyncio.create_task(self._become_owner(), name="adopt-session")
 
     async def _serve(self, channel: OwnerChannelClient) -> None:
         """Take turns while there is released work; otherwise wait for deliveries."""
-        while not (self._superseded or self._stopping):
+        while not (self.superseded or self.host.stopping):
             self._take(channel)
             if not self._adopted:
                 await self._become_owner()
-                self.serving = True  # adopted, and the gateway took our channel
-            elif (inbound := self._next_inbound(self.folder.peek())) is not None:
-                await self._turns(TurnGroup(self.folder.peek(), self.epoch, self._append), inbound)
+                self.host.serving = True  # adopted, and the gateway took our channel
+            elif (inbound := self._next_inbound(self.host.folder.peek())) is not None:
+                await self._turns(
+                    TurnGroup(self.host.folder.peek(), self.epoch, self._append), inbound
+                )
             else:
                 await channel.wait(OWNER_WAIT_S)
 
     def _take(self, channel: OwnerChannelClient) -> None:
         for delivery in channel.take():
-            self._apply(delivery.entries)
+            self.host.apply(delivery.entries)
             self._released = max(self._released, delivery.released)
+        if self.host.folder.peek().epoch > self.epoch:
+            self.superseded = True  # an epoch marker past ours: the session moved on
 
     def _next_inbound(self, state: SessionState) -> PendingInbound | None:
         """The next turn: the lowest pending inbound entry the gateway released to us,
@@ -180,9 +225,9 @@ class OwnerLoop:
         back): one append, not two, before their clients hear back. The turns see the
         state as adopted.
         """
-        self.processes.epoch = self.epoch  # whose background processes they will be
-        state = self.folder.peek()
-        entries = adoption_entries(self.agent, state, self.epoch)
+        self.host.processes.epoch = self.epoch  # whose background processes they will be
+        state = self.host.folder.peek()
+        entries = adoption_entries(self.host.agent, state, self.epoch)
         group = TurnGroup(state, self.epoch, self._append)
         if entries:
             state = group.hold(entries)
@@ -194,34 +239,34 @@ class OwnerLoop:
         self._adopted = True
         # The gateway took what adopting wrote at our epoch: seen serving. (With nothing
         # to write, the owner channel opening at our epoch is what shows it.)
-        self.serving = self._awaiting > journaled
+        self.host.serving = self._awaiting > journaled
         logger.info(
             "serving as owner",
             extra={
                 "session": self.session,
                 "epoch": self.epoch,
-                "pending": len(self.folder.peek().pending),
+                "pending": len(self.host.folder.peek().pending),
                 "since_marker_ms": None
-                if self.promotion is None
-                else round((time.time() - self.promotion.at) * 1000, 1),
+                if self.host.promotion is None
+                else round((time.time() - self.host.promotion.at) * 1000, 1),
             },
         )
-        if self.agent.owner_hook is not None:
+        if self.host.agent.owner_hook is not None:
             # Background work the agent starts as owner must not hold up the turns the
             # session has been waiting for (a migration's buffered messages).
             self._hook = asyncio.create_task(self._owner_hook(), name="on-owner")
 
     async def _owner_hook(self) -> None:
-        assert self.agent.owner_hook is not None
+        assert self.host.agent.owner_hook is not None
         context = OwnerContext(
-            state=self.folder.view(),
+            state=self.host.folder.view(),
             epoch=self.epoch,
-            instance=self.identity.instance,
+            instance=self.host.identity.instance,
             append=self._append,
-            processes=self.processes,
+            processes=self.host.processes,
         )
         try:
-            await self.agent.owner_hook(context)
+            await self.host.agent.owner_hook(context)
             if outputs := context.take_outputs():
                 await self._append(outputs)
         except Superseded:
@@ -232,21 +277,21 @@ class OwnerLoop:
     async def _turns(self, group: TurnGroup, inbound: PendingInbound) -> None:
         """Take ``inbound``'s turn, and the turns queued behind it while they are quick;
         their outputs are journaled together (see ``shadowpod.agent.turn_group``)."""
-        self._in_turn = True
-        if (promoted := self.promotion) is not None and promoted.first_turn_at is None:
+        self.in_turn = True
+        if (promoted := self.host.promotion) is not None and promoted.first_turn_at is None:
             promoted.first_turn, promoted.first_turn_at = inbound.seq, time.time()
         try:
             while True:
                 outputs = await take_turn(
-                    self.agent,
+                    self.host.agent,
                     inbound,
                     group,
                     epoch=self.epoch,
-                    instance=self.identity.instance,
-                    processes=self.processes,
+                    instance=self.host.identity.instance,
+                    processes=self.host.processes,
                 )
                 group.ended(outputs)
-                self.turns += 1
+                self.host.turns += 1
                 if not group.can_take_more():
                     break
                 next_inbound = self._next_inbound(group.fold_ahead(outputs))
@@ -255,7 +300,7 @@ class OwnerLoop:
                 inbound = next_inbound
             await group.flush()
         finally:
-            self._in_turn = False
+            self.in_turn = False
 
     async def _append(self, entries: Sequence[NewEntry]) -> list[int]:
         """Journal at our epoch, in appends the gateway takes (see
@@ -264,20 +309,20 @@ class OwnerLoop:
         seqs: list[int] = []
         rest = list(entries)
         while rest:
-            for batch in plan_appends(rest, self.limits):
+            for batch in plan_appends(rest, self.host.limits):
                 try:
                     seqs += await self._append_batch(batch.entries)
                 except GatewayError as exc:
                     if exc.status != 413:
                         raise
-                    if not self.limits.learn(exc):
+                    if not self.host.limits.learn(exc):
                         raise WriteRefused(f"the gateway refused an append: {exc}") from exc
                     logger.warning(
                         "the gateway refused an append as too large (%s); cutting appends "
                         "to %d bytes and %d entries",
                         exc,
-                        self.limits.max_bytes,
-                        self.limits.max_entries,
+                        self.host.limits.max_bytes,
+                        self.host.limits.max_entries,
                         extra={"session": self.session},
                     )
                     rest = rest[batch.first :]
@@ -292,19 +337,19 @@ class OwnerLoop:
         deadline = time.monotonic() + APPEND_RETRY_S
         failures = 0
         while True:
-            if self._relocating:  # a copy restored from a checkpoint: not the owner here
+            if self.host.relocating:  # a copy restored from a checkpoint: not the owner here
                 raise Superseded("restored from a checkpoint elsewhere: this copy writes nothing")
             try:
                 if self._channel is not None:
                     seqs = [seq for seq, _, _ in await self._channel.append(entries)]
                 else:
-                    appended, _, _ = await self.client.append(
+                    appended, _, _ = await self.host.client.append(
                         self.session, epoch=self.epoch, entries=entries
                     )
                     seqs = [a.seq for a in appended]
             except GatewayError as exc:
                 if exc.reason == "Fenced":
-                    self._superseded = True
+                    self.superseded = True
                     raise Superseded(str(exc)) from None
                 if exc.status == 413:
                     raise
@@ -312,19 +357,19 @@ class OwnerLoop:
                     raise WriteRefused(f"the gateway refused an append for good: {exc}") from exc
                 if time.monotonic() > deadline:
                     raise
-                failures = await self._backoff(failures, exc)
+                failures = await self.host.backoff(failures, exc)
             except ChannelClosed as exc:
                 if exc.superseded:
-                    self._superseded = True
+                    self.superseded = True
                     raise Superseded(str(exc)) from None
                 # Retried over HTTP (a frame over the gateway's limit closes the channel;
                 # HTTP answers 413 naming the limit); the loop reconnects the channel.
                 self._channel = None
-                failures = await self._backoff(failures, exc)
+                failures = await self.host.backoff(failures, exc)
             except TRANSIENT as exc:
                 if time.monotonic() > deadline:
                     raise
-                failures = await self._backoff(failures, exc)
+                failures = await self.host.backoff(failures, exc)
             else:
                 self._awaiting = max([self._awaiting, *seqs])
                 return seqs

@@ -53,7 +53,6 @@ from shadowpod.agent.restore import catch_up, restore
 from shadowpod.agent.settings import AgentSettings
 from shadowpod.agent.snapshots import Snapshotter
 from shadowpod.api.models import DrainReport, ProcessReport
-from shadowpod.client.channel import OwnerChannelClient
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.domain.entries import JournalEntry
 from shadowpod.domain.payloads import (
@@ -88,7 +87,10 @@ class CheckpointRefused(Exception):
     """No checkpoint now: the reason says why (busy in a turn, the wrong mode)."""
 
 
-class AgentRuntime(OwnerLoop):
+class AgentRuntime:
+    """An agent process: restores, shadows, owns (an ``OwnerLoop`` per owner phase, which
+    this class hosts: it is the loop's ``OwnerHost``), drains."""
+
     def __init__(self, agent: AgentDeclaration, settings: AgentSettings) -> None:
         if agent.message_handler is None:
             raise ValueError(f"agent {agent.name!r} has no @on_message handler")
@@ -111,16 +113,11 @@ class AgentRuntime(OwnerLoop):
         self.drained: list[ProcessReport] | None = None
         self.error: str | None = None
         self._client: GatewayClient | None = None
-        self._awaiting = 0  # seq of our last append: the next turn waits for it to come back
-        self._released = 0  # the highest inbound seq the gateway released to us
-        self._channel: OwnerChannelClient | None = None
-        self._hook: asyncio.Task[None] | None = None
-        self._superseded = False
-        self._in_turn = False
-        self._adopted = False  # the session's adoption (see _become_owner) is journaled
-        self._stopping = False
+        self.stopping = False
         # A copy restored from a checkpoint, not yet relocated: writes nothing.
-        self._relocating = False
+        self.relocating = False
+        # The owner phase (see ``_owner_phase``); the last one stays, its hook stopped.
+        self.owner: OwnerLoop | None = None
         self._owning: asyncio.Task[None] | None = None
         self._reapers: set[asyncio.Task[tuple[int, int]]] = set()
         # Serves the status endpoints at a new address (set by whoever serves them).
@@ -146,6 +143,10 @@ class AgentRuntime(OwnerLoop):
             )
         return self._client
 
+    @property
+    def in_turn(self) -> bool:
+        return self.owner is not None and self.owner.in_turn
+
     async def reconnect(self) -> None:
         """Forget the connection and re-read who we are (a restored process must)."""
         if self._client is not None:
@@ -167,7 +168,7 @@ class AgentRuntime(OwnerLoop):
                 # Adopting the session (uncertain tool calls, the agent-state migration,
                 # the on_owner hook) needs the state at the head, not at the snapshot.
                 await self._catch_up()
-            while not self._stopping:
+            while not self.stopping:
                 self.mode = "owner"
                 self.ready = True
                 if not await self._owner_phase():
@@ -191,23 +192,24 @@ class AgentRuntime(OwnerLoop):
 
     def request_stop(self, main: asyncio.Task[int]) -> None:
         """SIGTERM: finish the turn in progress, then drain and exit."""
-        self._stopping = True
-        if not self._in_turn:
+        self.stopping = True
+        if not self.in_turn:
             main.cancel()
 
     async def _owner_phase(self) -> bool:
         """Own the session until superseded or stopped: ``False``; or until this process
         finds itself restored from a checkpoint somewhere else: ``True``."""
-        self._owning = asyncio.create_task(self._own(), name="owner")
+        self.owner = OwnerLoop(self)
+        self._owning = asyncio.create_task(self.owner.run(), name="owner")
         try:
             await self._owning
         except asyncio.CancelledError:
             task = asyncio.current_task()
-            if not self._relocating or (task is not None and task.cancelling()):
+            if not self.relocating or (task is not None and task.cancelling()):
                 raise
         finally:
             self._owning = None
-        return self._relocating
+        return self.relocating
 
     # --- checkpoints ------------------------------------------------------------------
 
@@ -223,7 +225,7 @@ class AgentRuntime(OwnerLoop):
                 f"this instance is {self.mode}: only a serving owner is checkpointed"
             )
         deadline = time.monotonic() + wait_s
-        while self._in_turn:
+        while self.in_turn:
             if time.monotonic() > deadline:
                 raise CheckpointRefused(f"a turn was still running after {wait_s:g}s")
             await asyncio.sleep(CHECKPOINT_POLL_S)
@@ -254,7 +256,7 @@ class AgentRuntime(OwnerLoop):
         """The first thing a restored copy does, before any other task runs: stop
         acting as what it was. Its writes are refused from here on; its owner loop is
         cancelled (the run loop then relocates it, see ``_owner_phase``)."""
-        self._relocating = True
+        self.relocating = True
         self.ready = self.serving = False
         if self._owning is not None:
             self._owning.cancel()
@@ -263,11 +265,9 @@ class AgentRuntime(OwnerLoop):
         """A restored copy, in its new place: a shadow of the session, with every
         object it held in memory, at the watermark it was checkpointed at."""
         self.mode = "starting"
-        if self._hook is not None and not self._hook.done():
-            self._hook.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._hook
-        self._hook = None
+        if self.owner is not None:
+            await self.owner.stop_hook()
+            self.owner = None
         await self.snapshots.cancel()
         # Its environment is the source's; the place says what differs here.
         os.environ.update(Identity.environment(self.settings.identity_dir))
@@ -278,10 +278,8 @@ class AgentRuntime(OwnerLoop):
         await self.reconnect()
         if self.rebind is not None:
             await self.rebind(self.settings.host, self.settings.port)
-        self._adopted = self._superseded = False
         self.promotion = self.catchup = None
-        self._awaiting = self._released = 0
-        self._relocating = False
+        self.relocating = False
         self.mode = "shadow"
         self.ready = True
         logger.info(
@@ -307,7 +305,7 @@ class AgentRuntime(OwnerLoop):
     async def _catch_up(self) -> None:
         # Asked again from where the last attempt got to: what it applied stays applied.
         self.catchup = await self._retried(
-            lambda: catch_up(self.client, self.session, self.folder.watermark, self._apply)
+            lambda: catch_up(self.client, self.session, self.folder.watermark, self.apply)
         )
 
     async def _retried(self, step: Callable[[], Awaitable[T]]) -> T:
@@ -326,7 +324,7 @@ class AgentRuntime(OwnerLoop):
         can never change (``permanent``) is raised instead."""
         if isinstance(exc, GatewayError) and permanent(exc):
             raise exc
-        return await self._backoff(failures, exc)
+        return await self.backoff(failures, exc)
 
     # --- shadow -----------------------------------------------------------------------
 
@@ -335,12 +333,12 @@ class AgentRuntime(OwnerLoop):
         # No await since the catch-up was recorded: the engine sees this shadow caught
         # up only once warm, so a fence never waits for the first, longest, warm-up.
         self._warm()
-        while self.promotion is None and not self._stopping:
+        while self.promotion is None and not self.stopping:
             try:
                 async for batch in self.client.journal_stream(
                     self.session, after=self.folder.watermark
                 ):
-                    self._apply(batch)
+                    self.apply(batch)
                     failures = 0
                     if self.promotion is not None:
                         break
@@ -402,7 +400,7 @@ class AgentRuntime(OwnerLoop):
 
     # --- applying the journal ---------------------------------------------------------
 
-    def _apply(self, batch: Sequence[JournalEntry]) -> None:
+    def apply(self, batch: Sequence[JournalEntry]) -> None:
         """Fold ``batch``; a control entry is acted on with the state right after it.
 
         Runs of other entries are folded in one call: entry by entry, the folder's
@@ -453,8 +451,6 @@ class AgentRuntime(OwnerLoop):
         ):
             # The state at fence_seq, fingerprinted: it must equal what the source had.
             self.promotion = Promotion(state.epoch, entry.seq, state.working_copy(), time.time())
-        elif self.mode == "owner" and state.epoch > self.epoch:
-            self._superseded = True
 
     # --- snapshots --------------------------------------------------------------------
 
@@ -504,10 +500,8 @@ class AgentRuntime(OwnerLoop):
     async def _stop_background(self, *, report: bool) -> list[ProcessReport]:
         """Stop what runs besides turns; drain the background processes and, as an
         owner, journal what became of them."""
-        if self._hook is not None and not self._hook.done():
-            self._hook.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._hook
+        if self.owner is not None:
+            await self.owner.stop_hook()
         await self.snapshots.cancel()
         drained = self.drained = await self.processes.drain(self.settings.drain_grace_s)
         if report:
@@ -524,7 +518,7 @@ class AgentRuntime(OwnerLoop):
                 )
         return drained
 
-    async def _backoff(self, failures: int, exc: BaseException) -> int:
+    async def backoff(self, failures: int, exc: BaseException) -> int:
         delay = BACKOFF_S[min(failures, len(BACKOFF_S) - 1)]
         logger.warning(
             "gateway unreachable (%s); retrying in %.2fs",

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from shadowpod.bench.machine import MachineProbe
-from shadowpod.client.validation import prepare_judge
 from shadowpod.engine.record import MigrationPolicy, MigrationRecord, Phase, ValidationPolicy
 from shadowpod.gates.policy import GatePolicy, JudgeKind
 from shadowpod.local.figures import summarise
@@ -38,6 +37,7 @@ from shadowpod.local.outcome import MigrationOutcome
 from shadowpod.local.scenario import LiveScenario
 from shadowpod.local.subject import REFERENCE_NAME, reference_agent
 from shadowpod.stats import percentile
+from shadowpod.validator import prepare_judge
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ import contextlib
 import threading
 from typing import Any
 
-from shadowpod.client.validation import ShadowValidator
 from shadowpod.engine.ports import ValidationUnavailable
 from shadowpod.gates.gate import shared_embedder
 from shadowpod.gates.policy import GatePolicy
@@ -18,6 +17,7 @@ from shadowpod.gates.verdicts import GateVerdict
 from shadowpod.kube import answers, validation
 from shadowpod.kube.context import OperatorContext
 from shadowpod.kube.models.v1alpha1 import ValidationPolicy
+from shadowpod.validator import ShadowValidator
 
 _warming: threading.Thread | None = None
 

@@ -1,4 +1,4 @@
-"""Shadow compare on this machine: ``ShadowValidator`` (``shadowpod.client.validation``)
+"""Shadow compare on this machine: ``ShadowValidator`` (``shadowpod.validator``)
 with the local runtime's instance addresses, and golden sessions named as files.
 
 The shadow answers in its own process (its agent API's sandbox): no sandbox process
@@ -11,9 +11,9 @@ import asyncio
 from pathlib import Path
 
 from shadowpod.client.gateway import GatewayClient
-from shadowpod.client.validation import ShadowValidator
 from shadowpod.engine.ports import ValidationUnavailable
 from shadowpod.local.runtime import LocalRuntime
+from shadowpod.validator import ShadowValidator
 
 __all__ = ["ValidationUnavailable", "local_validator"]
 
