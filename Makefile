@@ -9,7 +9,7 @@ HELM_SDKPY_VERSION := 0.1.32
 MINILM_VERSION := 0.1.0
 
 .PHONY: venv demo-venv demo-bytecode bytecode dist wheel-test chart-render lint typecheck test demo bench \
-	image image-test cluster cluster-down cluster-test clean
+	image image-test cluster cluster-down cluster-test cluster-kube-test clean
 
 # Two steps, each re-run only when pyproject.toml (or this file) changes; otherwise a
 # no-op. `make demo` needs only the first: Shadowpod and its runtime dependencies
@@ -103,6 +103,16 @@ cluster:
 
 cluster-down:
 	hack/cluster/down
+
+# tests/kube on that cluster (started if it is not up): the API tests and the operator
+# tests with the real kubelets running the pods (docs/e2e.md); the emulator's variants
+# run in `make test`.
+cluster-kube-test: $(STAMP)
+	hack/cluster/up >/dev/null
+	SHADOWPOD_TEST_KUBECONFIG=/var/lib/shadowpod-cluster/admin.kubeconfig \
+		$(BIN)/pytest -p no:cacheprovider -q -k real-cluster tests/kube \
+		-W "ignore:Unclosed connector:ResourceWarning" \
+		-W "ignore:Unclosed client session:ResourceWarning"
 
 # The end-to-end suite on that cluster (e2e/, docs/e2e.md): the images, the cluster,
 # `helm install`, the README's Kubernetes steps, live migrations, drains, failures.

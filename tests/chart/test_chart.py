@@ -143,6 +143,27 @@ def test_sqlite_gateway_is_one_replica_on_a_kept_claim(defaults: Rendered) -> No
     assert pod["automountServiceAccountToken"] is False
 
 
+def test_the_gateway_memory_limit_holds_a_read_of_the_largest_snapshot(
+    defaults: Rendered,
+) -> None:
+    """A snapshot PUT streams (a few hundred KiB, whatever its size), but a read of one
+    holds it: the compressed row, the document and the answer built around it. The
+    memory limit must leave room for that above the gateway's working set, or the
+    largest snapshot the gateway accepts is one it cannot serve to a restore."""
+    container = defaults.container(GATEWAY)
+    args = container["args"]
+    max_snapshot = int(args[args.index("--max-snapshot-bytes") + 1])
+    limit = _bytes(container["resources"]["limits"]["memory"])
+    assert limit >= 256 * 2**20 + 3 * max_snapshot
+
+
+def _bytes(quantity: str) -> int:
+    for suffix, factor in (("Ki", 2**10), ("Mi", 2**20), ("Gi", 2**30)):
+        if quantity.endswith(suffix):
+            return int(quantity.removesuffix(suffix)) * factor
+    return int(quantity)
+
+
 async def test_postgresql_gateway_scales_and_reads_the_dsn_from_a_secret(helm: Helm) -> None:
     rendered = await helm.install(
         {
@@ -163,6 +184,14 @@ async def test_postgresql_gateway_scales_and_reads_the_dsn_from_a_secret(helm: H
     assert "journal" not in {mount["name"] for mount in container["volumeMounts"]}
     assert "replicas share the PostgreSQL journal" in rendered.notes
     assert rendered.all("PodDisruptionBudget") == []  # not asked for
+    # Sessions are placed by lease: each replica says where the others reach it.
+    assert env(container)["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env(container)["SHADOWPOD_ADVERTISE_URL"] == "http://$(POD_IP):8800"
+    assert env(container)["SHADOWPOD_REPLICA_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    args = container["args"]
+    assert args[args.index("--lease-ttl") + 1] == "10"
+    names = list(env(container))
+    assert names.index("POD_IP") < names.index("SHADOWPOD_ADVERTISE_URL")  # $(POD_IP) expands
 
 
 async def test_a_budget_keeps_all_but_one_of_several_gateway_replicas(helm: Helm) -> None:
@@ -314,6 +343,24 @@ async def test_network_policies_let_agents_reach_only_the_gateway(helm: Helm) ->
     }
 
 
+async def test_gateway_replicas_may_reach_each_other_through_the_network_policy(
+    helm: Helm,
+) -> None:
+    """They forward a session's requests to the replica that serves it."""
+    rendered = await helm.install(
+        {
+            "gateway": {
+                "replicas": 3,
+                "journal": {"backend": "postgresql", "postgresql": {"existingSecret": "pg"}},
+            },
+            "networkPolicy": {"enabled": True},
+        }
+    )
+    (rule,) = rendered.one("NetworkPolicy", GATEWAY)["spec"]["ingress"]
+    gateway_pods = rendered.one("Deployment", GATEWAY)["spec"]["selector"]["matchLabels"]
+    assert {"podSelector": {"matchLabels": gateway_pods}} in rule["from"]
+
+
 def test_rbac_cluster_wide_by_default_without_node_proxy(defaults: Rendered) -> None:
     rendered = defaults
     cluster = rules_of(rendered, "ClusterRole", f"{OPERATOR}-cluster")
@@ -324,7 +371,8 @@ def test_rbac_cluster_wide_by_default_without_node_proxy(defaults: Rendered) -> 
     # Watched: the operator's handler of agent pods' events (a real API server refuses
     # the watch without it, and the operator stops).
     assert grants(sessions, "pods") == {"get", "list", "watch", "create", "patch", "delete"}
-    assert grants(sessions, "secrets") == {"get", "create"}
+    # Each agent pod's owner credential is patched into the session's Secret.
+    assert grants(sessions, "secrets") == {"get", "create", "patch"}
     # Golden sessions read, the answers an upgrade gate compared written.
     assert grants(sessions, "configmaps") == {"get", "create", "patch"}
     assert grants(sessions, "agentsessions") == {"get", "list", "watch", "patch"}

@@ -43,7 +43,7 @@ def test_help_lists_the_subcommands() -> None:
 def test_an_unknown_option_is_a_usage_error() -> None:
     result = shadowpod("bench", "journal", "--backend", "mongodb")
     assert result.returncode == 2
-    assert "'mongodb' is not one of 'sqlite', 'postgres'" in result.stderr
+    assert "'mongodb' is not one of 'sqlite', 'postgres', 'both'" in result.stderr
 
 
 REQUIRED_KEYS = {
@@ -72,6 +72,24 @@ def test_bench_journal_prints_one_json_object_with_the_figures(backend: str) -> 
     assert report["appends_per_s"] > 0 and report["replay_entries_per_s"] > 0
     sizes = list(report["db_bytes_by_length"].values())
     assert sizes == sorted(sizes)  # the database grows as the session does
+    assert_machine_described(report["machine"])
+
+
+def test_bench_journal_measures_both_backends_side_by_side_in_one_report() -> None:
+    if reason := postgres_unavailable():
+        pytest.skip(reason)
+    result = shadowpod("bench", "journal", "--quick", "--json", "--backend", "both")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report["backends"]) == {"sqlite", "postgres"}
+    for name, backend_report in report["backends"].items():
+        assert backend_report.keys() >= REQUIRED_KEYS and backend_report["backend"] == name
+    side = report["side_by_side"]
+    assert len(side["sqlite_rounds"]) == len(side["postgres_rounds"]) >= 1
+    assert side["postgres_to_sqlite"] == round(
+        side["postgres_appends_per_s"] / side["sqlite_appends_per_s"], 2
+    )
+    assert report["targets"]["postgres_to_sqlite_min"]["target"] == 0.5
     assert_machine_described(report["machine"])
 
 

@@ -216,6 +216,8 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "OwnershipChange": models.OwnershipChange,
     "FenceRequest": models.FenceRequest,
     "UnfenceRequest": models.UnfenceRequest,
+    "SuspendRequest": models.SuspendRequest,
+    "ResumeRequest": models.ResumeRequest,
     "SnapshotRequest": models.SnapshotRequest,
     "NewEntry": NewEntry,
     **{f"{model.__name__}": model for model in set(payloads.PAYLOAD_MODELS.values())},
@@ -237,6 +239,12 @@ RESPONSE_MODELS: dict[str, type[BaseModel]] = {
     "SessionSummary": models.SessionSummary,
     "SessionStatus": models.SessionStatus,
     "FenceResult": models.FenceResult,
+    "SuspendResult": models.SuspendResult,
+    "WakesPage": models.WakesPage,
+    "WakeOut": models.WakeOut,
+    "SessionActivity": models.SessionActivity,
+    "SessionHistory": models.SessionHistory,
+    "HistoryEvent": models.HistoryEvent,
     "Ownership": Ownership,
 }
 CONSTRAINTS = ("minimum", "maximum", "exclusiveMinimum", "minLength", "maxLength", "pattern")

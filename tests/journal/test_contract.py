@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
 import orjson
@@ -21,6 +22,8 @@ from shadowpod.journal import (
     SessionNotFound,
     SnapshotNotFound,
 )
+from shadowpod.journal.spool import SnapshotSpool
+from shadowpod.journal.store import COPY_PIECE_BYTES
 from tests.conftest import StoreFactory
 
 
@@ -435,6 +438,41 @@ async def test_snapshots_are_stored_compressed_and_listed(store: JournalStore) -
         await store.get_snapshot("s", 4)
     with pytest.raises(InvalidSnapshot, match="outside the journal"):
         await store.put_snapshot("s", watermark=6, schema_version=3, document_json=b"{}")
+
+
+async def test_a_snapshot_spooled_to_a_file_is_copied_in_and_fenced_like_any(
+    store: JournalStore,
+) -> None:
+    """A large document arrives as a compressed file (``journal.spool``): the store
+    copies it in a piece at a time, with the same epoch check in the same transaction."""
+    await store.create_session("s")
+    await store.compare_and_set_ownership("s", 0, Ownership(epoch=1, owner="a"))
+    await store.append("s", [msg(str(n)) for n in range(3)])
+    noise = random.Random(4).randbytes(2 * 1024 * 1024).hex().encode()  # compresses ~2:1
+    turns = b",".join(
+        b'{"role":"user","content":"%s"}' % noise[n : n + 64] for n in range(0, len(noise), 64)
+    )
+    document = b'{"watermark":4,"transcript":[' + turns + b"]}"
+    spool = SnapshotSpool()
+    try:
+        for start in range(0, len(document), 100_000):
+            spool.feed(document[start : start + 100_000])
+        compressed, watermark = spool.finish()
+        assert compressed.size_bytes > 2 * COPY_PIECE_BYTES  # copied in several pieces
+        assert watermark == 4
+        with pytest.raises(Fenced):
+            await store.put_snapshot(
+                "s", watermark=4, schema_version=3, document_json=compressed, owner_epoch=2
+            )
+        assert await store.list_snapshots("s") == []
+        info = await store.put_snapshot(
+            "s", watermark=4, schema_version=3, document_json=compressed, owner_epoch=1, owner="a"
+        )
+    finally:
+        spool.close()
+    assert info.size_bytes == compressed.size_bytes
+    assert (await store.get_snapshot("s", 4)).document_json == document
+    assert [i.size_bytes for i in await store.list_snapshots("s")] == [compressed.size_bytes]
 
 
 async def test_retention_truncates_what_the_oldest_kept_snapshot_covers(

@@ -17,6 +17,7 @@ from shadowpod.domain.errors import SchemaTooNew
 from shadowpod.journal.errors import SessionNotFound
 from shadowpod.journal.factory import store_from_url
 from shadowpod.journal.postgres.store import PostgresJournalStore
+from shadowpod.journal.spool import SnapshotSpool
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
 from shadowpod.journal.store import Writer
@@ -37,7 +38,7 @@ async def test_a_database_written_by_a_newer_shadowpod_is_refused(tmp_path: Path
     conn.execute("UPDATE shadowpod_meta SET value = '9' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
-    with pytest.raises(SchemaTooNew, match="journal database has schema v9.*up to v2"):
+    with pytest.raises(SchemaTooNew, match="journal database has schema v9.*up to v3"):
         await SQLiteJournalStore(tmp_path / "j.db").open()
 
 
@@ -239,5 +240,40 @@ async def test_a_version_1_database_is_brought_up_with_its_ids_kept_per_writer(
         assert not other.duplicate
     conn = sqlite3.connect(tmp_path / "j.db")
     version = conn.execute("SELECT value FROM shadowpod_meta WHERE key = 'schema_version'")
-    assert version.fetchone()[0] == "2"
+    assert version.fetchone()[0] == "3"
+    conn.close()
+
+
+async def test_a_version_2_database_keeps_its_snapshots_and_takes_streamed_ones(
+    tmp_path: Path,
+) -> None:
+    async with SQLiteJournalStore(tmp_path / "j.db") as store:
+        await store.create_session("s")
+        await store.append(
+            "s", [NewEntry(kind="message", payload={"role": "user", "content": "a"})]
+        )
+        await store.put_snapshot("s", watermark=1, schema_version=3, document_json=b'{"v":2}')
+    conn = sqlite3.connect(tmp_path / "j.db")  # as version 2 left it: snapshots WITHOUT ROWID
+    conn.executescript(
+        "CREATE TABLE old (sid INTEGER NOT NULL, watermark INTEGER NOT NULL, "
+        "schema_version INTEGER NOT NULL, created_us INTEGER NOT NULL, data BLOB NOT NULL, "
+        "PRIMARY KEY (sid, watermark)) WITHOUT ROWID;"
+        "INSERT INTO old SELECT sid, watermark, schema_version, created_us, data FROM snapshots;"
+        "DROP TABLE snapshots; ALTER TABLE old RENAME TO snapshots;"
+        "UPDATE shadowpod_meta SET value = '2' WHERE key = 'schema_version';"
+    )
+    conn.close()
+    async with SQLiteJournalStore(tmp_path / "j.db") as store:
+        assert (await store.get_snapshot("s", 1)).document_json == b'{"v":2}'
+        spool = SnapshotSpool()
+        try:
+            spool.feed(b'{"watermark": 1, "v": 3}')
+            compressed, _ = spool.finish()
+            await store.put_snapshot("s", watermark=1, schema_version=3, document_json=compressed)
+        finally:
+            spool.close()
+        assert (await store.get_snapshot("s", 1)).document_json == b'{"watermark": 1, "v": 3}'
+    conn = sqlite3.connect(tmp_path / "j.db")
+    version = conn.execute("SELECT value FROM shadowpod_meta WHERE key = 'schema_version'")
+    assert version.fetchone()[0] == "3"
     conn.close()

@@ -8,6 +8,9 @@
   cleanup (``os._exit``), as a crash would right after the acknowledgement.
 - ``writer PREFIX N``: append N single entries with ids PREFIX-k, print "done".
 - ``owner EPOCH``: append as owner at EPOCH until fenced, print the last accepted seq.
+- ``lease-holder REPLICA TTL COUNT`` (PostgreSQL): claim the leases of sessions
+  ``<session>0`` .. ``<session>COUNT-1``, print "ready", renew them every TTL/4 until
+  killed.
 """
 
 from __future__ import annotations
@@ -61,6 +64,18 @@ async def main(backend: str, location: str, session: str, mode: str, *args: str)
                 break
             last, k = result.seq, k + 1
         print(json.dumps({"last": last, "count": k}), flush=True)
+    elif mode == "lease-holder":
+        from shadowpod.journal.postgres.store import PostgresJournalStore
+
+        assert isinstance(store, PostgresJournalStore)
+        replica, ttl, count = args[0], float(args[1]), int(args[2])
+        for n in range(count):
+            lease = await store.leases.claim(f"{session}{n}", replica, f"http://{replica}", ttl)
+            assert lease.held_by(replica), lease
+        print("ready", flush=True)
+        while True:
+            await asyncio.sleep(ttl / 4)
+            await store.leases.renew(replica, ttl)
     await store.close()
 
 

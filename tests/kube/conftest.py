@@ -7,11 +7,19 @@ cluster when ``SHADOWPOD_TEST_KUBECONFIG`` names one.
   parametrized over the emulator and the real cluster — the real-cluster variant
   skips, saying why, when no cluster is given;
 - ``api``: a kubernetes_asyncio client on ``kube``; ``namespace``: a fresh namespace
-  per test, deleted afterwards.
+  per test, deleted afterwards;
+- ``world``: the operator in a Kopf thread with a real gateway, parametrized the same
+  way: on the emulator with the kubelet stand-in (namespace ``default``), or on the
+  real cluster, whose kubelets run the pods (a fresh namespace per test; the gateway
+  listens where the pods reach this machine). A test that drives the stand-in or the
+  emulator itself is marked ``stand_in("why")``: its real-cluster variant skips, saying
+  that.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -21,12 +29,15 @@ import kmock
 import pytest
 from kubernetes_asyncio import client
 
+from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.local.images import ImageMap, reference_images
+from tests.kube.cluster_images import ensure_test_images
 from tests.kube.connection import KubeConnection, no_real_cluster_reason, real_cluster_kubeconfig
 from tests.kube.emulator import ApiServerEmulator
 from tests.kube.kubelet import Kubelet
+from tests.kube.nodes import ClusterNodes
 from tests.kube.operator_world import World, world_of
-from tests.kube.support import Widgets, ensure_widget_crd
+from tests.kube.support import Widgets, ensure_operator_crds, ensure_widget_crd
 
 TEST_CRDS = Path(__file__).parent / "crds"
 OPERATOR_CRDS = Path(__file__).parents[2] / "crds"
@@ -118,12 +129,93 @@ async def kubelet(emulator_kube: KubeConnection, tmp_path: Path) -> AsyncIterato
         yield running
 
 
+# Where the real cluster's pods reach this machine: `make cluster`'s API server address
+# (on lo; the nodes' bridges route pods' packets to it).
+CLUSTER_HOST_ENV = "SHADOWPOD_TEST_CLUSTER_HOST"
+STAND_IN_FIXTURES = frozenset({"kubelet", "emulator", "emulator_kube"})
+_images_ready: set[Path] = set()
+_crds_ready: set[Path] = set()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "stand_in(why): an operator test that drives the kubelet stand-in or the emulator "
+        "itself; its real-cluster variant skips with WHY",
+    )
+
+
+@pytest.fixture(params=["emulator", "real-cluster"])
+def world_kube(request: pytest.FixtureRequest) -> KubeConnection:
+    """The API server the operator tests run on (``world``)."""
+    if request.param == "emulator":
+        request.getfixturevalue("kubelet")
+        connection: KubeConnection = request.getfixturevalue("emulator_kube")
+        return connection
+    marker = request.node.get_closest_marker("stand_in")
+    if marker is not None:
+        pytest.skip(f"on the kubelet stand-in only: {marker.args[0]}")
+    used = STAND_IN_FIXTURES & set(request.fixturenames)
+    assert not used, (
+        f"{request.node.name} uses {', '.join(sorted(used))}: mark it stand_in(why) "
+        "or use world.nodes"
+    )
+    kubeconfig = real_cluster_kubeconfig()
+    if kubeconfig is None:
+        pytest.skip(no_real_cluster_reason())
+    if kubeconfig not in _images_ready:
+        ensure_test_images(kubeconfig)
+        _images_ready.add(kubeconfig)
+    return KubeConnection(kubeconfig, real=True)
+
+
 @pytest.fixture
 async def world(
-    emulator_kube: KubeConnection, kubelet: Kubelet, tmp_path: Path
+    world_kube: KubeConnection, request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[World]:
-    """The operator running in a Kopf thread against the emulator, the kubelet and a
-    real gateway, serving namespace ``default``."""
-    async for running in world_of(emulator_kube, "default", tmp_path):
-        await running.start_operator()
-        yield running
+    """The operator running in a Kopf thread with a real gateway: on the emulator and
+    the kubelet stand-in (namespace ``default``), or on the real cluster (a namespace
+    of its own, removed afterwards)."""
+    if not world_kube.real:
+        kubelet: Kubelet = request.getfixturevalue("kubelet")
+        async for running in world_of(world_kube, "default", tmp_path, nodes=kubelet):
+            await running.start_operator()
+            yield running
+        return
+    async with world_kube.api() as api:
+        if world_kube.kubeconfig not in _crds_ready:
+            await ensure_operator_crds(api)
+            _crds_ready.add(world_kube.kubeconfig)
+        namespace = f"t-{uuid.uuid4().hex[:10]}"
+        core = client.CoreV1Api(api)
+        await core.create_namespace(
+            client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace))
+        )
+        try:
+            async for running in world_of(
+                world_kube,
+                namespace,
+                tmp_path,
+                nodes=ClusterNodes(api),
+                gateway_host=os.environ.get(CLUSTER_HOST_ENV, "10.87.0.1"),
+            ):
+                await running.start_operator()
+                yield running
+        finally:
+            await _remove_namespace(api, namespace)
+    # A client a test left unclosed is reported on this test, not at the end of the run.
+    gc.collect()
+
+
+async def _remove_namespace(api: client.ApiClient, namespace: str) -> None:
+    """The operator is stopped by now: its finalizers are taken off what it left, or
+    the namespace would never go; the garbage collector removes the pods."""
+    raw = KubeApi(api)
+    for plural in ("agentsessions", "agentmigrations"):
+        for item in await raw.list(namespaced(plural, namespace)):
+            if item["metadata"].get("finalizers"):
+                await raw.patch(
+                    namespaced(plural, namespace, item["metadata"]["name"]),
+                    {"metadata": {"finalizers": None}},
+                )
+    await client.CoreV1Api(api).delete_namespace(namespace)

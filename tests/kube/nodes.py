@@ -61,3 +61,24 @@ async def drain(
             if evicted_at is not None:
                 evicted_at[evicted[-1]] = time.time()
         await asyncio.sleep(retry_s)
+
+
+class ClusterNodes:
+    """A real cluster's nodes, for the operator tests' ``world.nodes``: they exist
+    already (the kubelets registered them); adding one checks it is there and Ready."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+
+    async def add_node(self, name: str) -> None:
+        try:
+            node = await client.CoreV1Api(self.api).read_node(name)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise AssertionError(
+                    f"the cluster has no node {name}: the operator tests want two nodes, "
+                    "node-1 and node-2, as `make cluster` starts them"
+                ) from exc
+            raise
+        ready = [c for c in node.status.conditions or [] if c.type == "Ready"]
+        assert ready and ready[0].status == "True", f"node {name} is not Ready: {ready}"

@@ -1,4 +1,5 @@
-"""The operator's test world: the emulated API, a kubelet running pods as processes,
+"""The operator's test world: an API server (the emulator with the kubelet stand-in
+running pods as processes, or a real cluster whose kubelets run them in containers),
 a real gateway, and the operator in a Kopf thread — with helpers to read what a user
 would read (``kubectl get ags/agm``, pods, events), to drive client load, to bump a
 session's image and to check the client-side invariants.
@@ -62,6 +63,12 @@ class Gateway(Protocol):
     def control_token(self) -> str: ...
 
 
+class Nodes(Protocol):
+    """The nodes pods run on: the stand-in adds one; a real cluster has it already."""
+
+    async def add_node(self, name: str) -> None: ...
+
+
 class World:
     def __init__(
         self,
@@ -69,11 +76,13 @@ class World:
         kube: KubeConnection,
         gateway: Gateway,
         namespace: str,
+        nodes: Nodes | None = None,
     ) -> None:
         self.raw = KubeApi(api)
         self.kube = kube
         self.gateway = gateway
         self.namespace = namespace
+        self._nodes = nodes
         self.metrics = OperatorMetrics()
         self.operator: OperatorThread | None = None
         # The CRIU path: the operator's --criu and --checkpoint-registry.
@@ -83,6 +92,11 @@ class World:
         # The pacing queue's caps: the operator's --max-concurrent-migrations[-per-node].
         self.max_concurrent_migrations = 10
         self.max_concurrent_migrations_per_node = 2
+
+    @property
+    def nodes(self) -> Nodes:
+        assert self._nodes is not None, "this world was made without its nodes"
+        return self._nodes
 
     def config(self) -> OperatorConfig:
         return OperatorConfig(
@@ -304,12 +318,21 @@ class Load:
         await self.client.close()
 
 
-async def world_of(kube: KubeConnection, namespace: str, workdir: Path) -> AsyncIterator[World]:
-    gateway = GatewayProcess(workdir / "gateway")
+async def world_of(
+    kube: KubeConnection,
+    namespace: str,
+    workdir: Path,
+    *,
+    nodes: Nodes | None = None,
+    gateway_host: str = "127.0.0.1",
+) -> AsyncIterator[World]:
+    """``gateway_host``: where the gateway listens — an address the pods reach (on a
+    real cluster, one the nodes' pod networks route to this machine)."""
+    gateway = GatewayProcess(workdir / "gateway", host=gateway_host)
     await gateway.start()
     try:
         async with kube.api() as api:
-            world = World(api, kube, gateway, namespace)
+            world = World(api, kube, gateway, namespace, nodes)
             try:
                 yield world
             finally:

@@ -132,3 +132,33 @@ async def watching(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+OPERATOR_CRDS = Path(__file__).parents[2] / "crds"
+
+
+async def ensure_operator_crds(api: client.ApiClient, timeout: float = 60) -> None:
+    """The operator's CRDs (crds/) on a real cluster, as this checkout has them (a CRD
+    there already is replaced), each Established; the emulator serves them itself."""
+    crds = client.ApiextensionsV1Api(api)
+    for path in sorted(OPERATOR_CRDS.glob("*.yaml")):
+        body = yaml.safe_load(path.read_text())
+        name = body["metadata"]["name"]
+        try:
+            found = await crds.read_custom_resource_definition(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            await crds.create_custom_resource_definition(body)
+        else:
+            body["metadata"]["resourceVersion"] = found.metadata.resource_version
+            await crds.replace_custom_resource_definition(name, body)
+
+        async def established(name: str = name) -> bool:
+            crd = await crds.read_custom_resource_definition(name)
+            return any(
+                c.type == "Established" and c.status == "True"
+                for c in (crd.status.conditions or [])
+            )
+
+        await eventually(established, timeout=timeout)

@@ -98,7 +98,7 @@ async def test_a_label_value_over_63_characters_is_refused_on_create_and_on_patc
     with pytest.raises(ApiException) as created:
         await widgets.create("w2", {"size": 1}, labels={"shadowpod.dev/migration": too_long})
     assert created.value.status == 422
-    assert "must be no more than 63 characters" in created.value.body
+    assert "must be no more than 63 bytes" in created.value.body
     with pytest.raises(ApiException) as patched:
         await widgets.patch("w1", {"metadata": {"labels": {"shadowpod.dev/migration": too_long}}})
     assert patched.value.status == 422

@@ -31,7 +31,7 @@ async def test_status_migrate_wait_and_history(world: World) -> None:
 
     hints = await plugin(world, "logs", "k1")
     assert hints.exit_code == 0
-    assert f"kubectl logs -n default {body['status']['ownerPod']}" in hints.output
+    assert f"kubectl logs -n {world.namespace} {body['status']['ownerPod']}" in hints.output
 
 
 async def test_unknown_names_exit_2_with_one_line(world: World) -> None:

@@ -5,6 +5,7 @@ session; its PodDisruptionBudget refuses the pod's eviction."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from shadowpod.kube.answers import Answers
 from shadowpod.kube.answers import manifest as answers_manifest
 from shadowpod.kube.models.v1alpha1 import AgentSession
 from shadowpod.local.gateway_process import GatewayProcess
+from shadowpod.sessions.tokens import new_owner_key, owner_credential
 from tests.kube.connection import KubeConnection
 from tests.kube.kubelet import Kubelet
 from tests.kube.support import eventually
@@ -60,8 +62,11 @@ async def test_an_owner_pod_serves_its_session_and_its_budget_refuses_eviction(
         assert session.metadata.name is not None
         gateway_session = names.gateway_session(NAMESPACE, session.metadata.name)
         instance = names.new_instance(session.metadata.name)
+        owner_key = new_owner_key()  # owner writes need the pod's credential
         async with GatewayClient(gateway.url, gateway.control_token) as admin:
-            created = await admin.create_session(CreateSession(session=gateway_session))
+            created = await admin.create_session(
+                CreateSession(session=gateway_session, owner_key=owner_key)
+            )
             await admin.set_ownership(
                 gateway_session, OwnershipChange(expect_epoch=0, epoch=1, owner=instance)
             )
@@ -70,10 +75,14 @@ async def test_an_owner_pod_serves_its_session_and_its_budget_refuses_eviction(
             "data": {"token": "c2VjcmV0"},
         }
         await core.create_namespaced_secret(NAMESPACE, credential)
-        await core.create_namespaced_secret(
-            NAMESPACE,
-            manifests.token_secret(session, token=created.agent_token, gateway_url=gateway.url),
+        secret = manifests.token_secret(
+            session, token=created.agent_token, gateway_url=gateway.url, owner_key=owner_key
         )
+        credential_of_pod = owner_credential(owner_key, gateway_session, instance)
+        secret["data"][names.owner_credential_key(instance)] = base64.b64encode(
+            credential_of_pod.encode()
+        ).decode()
+        await core.create_namespaced_secret(NAMESPACE, secret)
         pod = manifests.agent_pod(
             session, instance=instance, gateway_session=gateway_session, mode="owner", epoch=1
         )

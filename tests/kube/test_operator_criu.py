@@ -72,6 +72,10 @@ async def start_session(world: World, name: str, **policy: Any) -> tuple[str, st
     return body["status"]["ownerPod"], here, "node-2" if here == "node-1" else "node-1"
 
 
+@pytest.mark.stand_in(
+    "the emulator answers each node's kubelet checkpoint API as the test says and counts "
+    "the requests; a real kubelet's answer cannot be chosen"
+)
 async def test_auto_takes_the_state_path_without_criu_and_says_why(
     world: World, kubelet: Kubelet, emulator: ApiServerEmulator
 ) -> None:
@@ -90,10 +94,8 @@ async def test_auto_takes_the_state_path_without_criu_and_says_why(
     assert any(r == "StrategyChosen" and "State" in m for _, r, m in events)
 
 
-async def test_strategy_criu_without_criu_fails_at_once_saying_so(
-    world: World, kubelet: Kubelet
-) -> None:
-    await kubelet.add_node("node-2")
+async def test_strategy_criu_without_criu_fails_at_once_saying_so(world: World) -> None:
+    await world.nodes.add_node("node-2")
     source, here, there = await start_session(world, "a0")
     await world.apply(move("move-a0", "a0", there, strategy="CRIU"))
     status = (await world.wait_finished("move-a0"))["status"]

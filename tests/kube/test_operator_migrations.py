@@ -14,7 +14,6 @@ from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.kube import names
 from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.kube.records import MigrationRecords
-from tests.kube.kubelet import Kubelet
 from tests.kube.nodes import cordon, drain
 from tests.kube.operator_world import (
     Load,
@@ -79,9 +78,9 @@ async def test_an_image_bump_migrates_live_under_load_with_nothing_lost_or_doubl
 
 
 async def test_a_migration_created_by_hand_moves_the_session_to_the_named_node(
-    world: World, kubelet: Kubelet
+    world: World,
 ) -> None:
-    await kubelet.add_node("node-2")
+    await world.nodes.add_node("node-2")
     await world.apply(session_manifest("m2"))
     body = await world.wait_running("m2", epoch=1)
     here = body["status"]["nodeName"]
@@ -234,12 +233,12 @@ async def test_deleting_a_running_migration_cancels_it_and_the_source_keeps_the_
 
 
 async def test_a_migration_that_cannot_start_for_the_gateway_is_tried_again_until_it_can(
-    world: World, kubelet: Kubelet
+    world: World,
 ) -> None:
     """The daemon's error path: the gateway away when a migration starts is said on the
     AgentMigration (a Warning event, the error counted), and the migration starts once
     the gateway is back."""
-    await kubelet.add_node("node-2")
+    await world.nodes.add_node("node-2")
     await world.apply(session_manifest("m8"))
     body = await world.wait_running("m8", epoch=1)
     there = "node-2" if body["status"]["nodeName"] == "node-1" else "node-1"
@@ -296,9 +295,9 @@ async def test_an_operator_restarted_mid_migration_finishes_it(world: World) -> 
 
 
 async def test_a_cordoned_node_is_drained_after_its_sessions_moved_live(
-    world: World, kubelet: Kubelet
+    world: World,
 ) -> None:
-    await kubelet.add_node("node-2")
+    await world.nodes.add_node("node-2")
     await world.apply(session_manifest("m7"))
     body = await world.wait_running("m7", epoch=1)
     node, old_owner = body["status"]["nodeName"], body["status"]["ownerPod"]
@@ -316,7 +315,7 @@ async def test_a_cordoned_node_is_drained_after_its_sessions_moved_live(
     migration = await world.migration(body["status"]["lastMigration"]["name"])
     assert migration is not None
     committed = World.record(migration).timings[Phase.COMMITTED].started
-    if (at := evicted_at.get(f"default/{old_owner}")) is not None:
+    if (at := evicted_at.get(f"{world.namespace}/{old_owner}")) is not None:
         assert at >= committed, f"the owner was evicted {committed - at:.3f} s before the bump"
     async with world.kube.api() as api:
         await cordon(api, node, unschedulable=False)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from shadowpod.client.gateway import GatewayClient, GatewayError
+from shadowpod.domain.entries import NewEntry
 from shadowpod.kube import names
 from tests.kube.operator_world import World, reply_counts, session_manifest
 from tests.kube.support import eventually
@@ -310,3 +311,64 @@ async def test_the_operators_events_carry_what_a_real_api_server_requires(world:
         assert event.get("reportingComponent") and event.get("reportingInstance"), event
         assert event.get("action"), event
         assert len(event["reportingInstance"]) <= 128 and len(event["action"]) <= 128
+
+
+async def test_each_owner_pod_holds_its_own_credential_and_a_replaced_pods_is_refused(
+    world: World,
+) -> None:
+    """Every pod of a session holds the agent token: what lets only the owner the
+    ownership record names write is its own credential, which the operator writes
+    into the session's Secret for that pod alone (issue 24, item 3)."""
+    await world.apply(session_manifest("s-cred"))
+    first = (await world.wait_running("s-cred", epoch=1))["status"]["ownerPod"]
+    sid = world.gateway_session("s-cred")
+
+    async def secret_data() -> dict[str, str]:
+        secret = await world.raw.get(world.path("secrets", names.token_secret("s-cred")))
+        assert secret is not None
+        return {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+
+    data = await secret_data()
+    token, credential_of_first = data[names.TOKEN_KEY], data[names.owner_credential_key(first)]
+    [pod] = await world.pods("s-cred")
+    [identity] = [v for v in pod["spec"]["volumes"] if v["name"] == "identity"]
+    projected = {
+        item["key"]
+        for source in identity["projected"]["sources"]
+        if "secret" in source
+        for item in source["secret"]["items"]
+    }
+    # Its own credential, never the owner key nor another pod's.
+    assert projected == {names.TOKEN_KEY, names.GATEWAY_KEY, names.owner_credential_key(first)}
+    fact = NewEntry(kind="fact", payload={"fact_id": "f", "text": "written by a test"})
+
+    async with GatewayClient(world.gateway.url, token) as token_alone:
+        with pytest.raises(GatewayError) as refused:
+            await token_alone.append(sid, epoch=1, entries=[fact])
+    assert (refused.value.status, refused.value.reason) == (401, "Unauthorized")
+    async with GatewayClient(
+        world.gateway.url, token, owner=("someone-else", credential_of_first)
+    ) as borrowed:
+        with pytest.raises(GatewayError) as refused:
+            await borrowed.append(sid, epoch=1, entries=[fact])
+    assert refused.value.status == 401  # a credential is its own pod's only
+    async with GatewayClient(
+        world.gateway.url, token, owner=(first, credential_of_first)
+    ) as as_first:
+        await as_first.append(sid, epoch=1, entries=[fact])  # the owner, at its epoch
+
+        await world.raw.delete(world.path("pods", first), grace_s=0)
+        second = (await world.wait_running("s-cred", epoch=2))["status"]["ownerPod"]
+        assert names.owner_credential_key(second) in await secret_data()
+        # Fenced out: its credential writes at no epoch, the new one included.
+        for epoch in (1, 2):
+            with pytest.raises(GatewayError) as refused:
+                await as_first.append(sid, epoch=epoch, entries=[fact])
+            assert refused.value.status == 409, refused.value
+    async with world.client() as client:
+        accepted = await client.post_message(sid, "still answered?")
+
+        async def answered() -> bool:
+            return accepted.seq in await reply_counts(client, sid)
+
+        await eventually(answered, timeout=60)  # the new owner writes with its own

@@ -65,6 +65,11 @@ class Accepted(_Body):
     seq: int
     id: str
     duplicate: bool
+    waking: bool = Field(
+        default=False,
+        description="The session was suspended: the message is journaled and will be"
+        " answered once its owner is up (a Retry-After header says when to look).",
+    )
 
 
 class EventsPage(_Body):
@@ -281,3 +286,79 @@ class FenceResult(_Body):
 
 class UnfenceRequest(_Body):
     expect_epoch: Epoch
+
+
+# --- lifecycle: suspend, wake, resume, history ------------------------------------------
+
+
+class SuspendRequest(_Body):
+    expect_epoch: Annotated[int, Strict()] = Field(ge=1, le=INT64_MAX - 1)
+    next_owner: OwnerName = Field(
+        description="The instance that will own the session when it resumes (not started)."
+    )
+    timeout_s: Annotated[float, Strict()] = Field(
+        default=5.0,
+        gt=0,
+        le=300,
+        allow_inf_nan=False,
+        description="How long the owner may take to end its turn.",
+    )
+    reason: Literal["Requested", "Idle"] = "Requested"
+
+
+class SuspendResult(_Body):
+    epoch: int = Field(description="The suspended epoch: the old owner's writes are refused.")
+    fence_seq: int
+    suspend_seq: int = Field(description="The control/suspend entry.")
+    waited_ms: float
+
+
+class ResumeRequest(_Body):
+    expect_epoch: OwnerEpoch
+
+
+class WakeOut(_Body):
+    cursor: int
+    session: str
+    epoch: int
+    seq: int = Field(description="The control/wake entry.")
+    at: str
+
+
+class WakesPage(_Body):
+    wakes: list[WakeOut]
+    cursor: int = Field(description="Ask again with after=cursor.")
+
+
+class SessionActivity(_Body):
+    session: str
+    delivery: str = Field(description="open, fenced, suspended or waking.")
+    last_message_seq: int | None = Field(
+        default=None, description="The latest client message among the recent entries."
+    )
+    last_message_at: str | None = None
+    quiet_since: str = Field(
+        description="No client message since then: the latest one's time or the latest"
+        " resume's, whichever is later (when neither is among the recent entries, the oldest"
+        " of those entries' time, or the session's creation)."
+    )
+
+
+class HistoryEvent(_Body):
+    seq: int = Field(description="The control entry's seq, or a snapshot's watermark.")
+    at: str
+    event: str = Field(
+        description="snapshot, epoch, fence, unfence, suspend, wake, resume, migration,"
+        " drained, session_created."
+    )
+    epoch: int | None = None
+    owner: str | None = None
+    reason: str | None = None
+    detail: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class SessionHistory(_Body):
+    session: str
+    head: int
+    events: list[HistoryEvent]
+    next_after: int = Field(description="The last seq read: ask again with after=next_after.")

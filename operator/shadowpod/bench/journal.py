@@ -13,11 +13,18 @@ Figures (keys of the JSON report):
   reply and ack at its epoch) on a session already holding 10, 1,000 or 100,000
   entries. Appending must not get slower as the session grows.
 - ``db_bytes_by_length`` and ``bytes_per_entry``: database size as a session grows.
+
+With both backends (``run_journal_comparison``) the report holds each backend's report
+under ``backends`` and, under ``side_by_side``, the durable appends/s of the two
+measured in alternating rounds (SQLite, PostgreSQL, SQLite...) with both stores open:
+whatever else the machine does weighs on both alike. ``postgres_to_sqlite`` is the
+ratio of their medians (target: at least ``POSTGRES_TO_SQLITE_MIN``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import sqlite3
 import statistics
@@ -44,6 +51,8 @@ TARGETS_SQLITE: Final = {
     "replay_entries_per_s": 100_000,
     "turn_cost_growth_max": 2.0,
 }
+# PostgreSQL's durable appends/s against SQLite's, measured side by side (issue 28).
+POSTGRES_TO_SQLITE_MIN: Final = 0.5
 _TEXT: Final = "What did we decide about the deployment window for the billing service?"
 
 
@@ -306,6 +315,56 @@ async def run_journal_bench(config: JournalBenchConfig) -> dict[str, Any]:
     if config.backend == "sqlite":
         report["targets"] = _check_targets(report)
     return report
+
+
+async def run_journal_comparison(config: JournalBenchConfig) -> dict[str, Any]:
+    """Both backends in one report (see the module docstring); ``config.backend`` is
+    ignored."""
+    machine = MachineProbe(loop_steps=config.loop_steps)
+    machine.start()
+    sqlite_config = dataclasses.replace(config, backend="sqlite")
+    postgres_config = dataclasses.replace(config, backend="postgres")
+    rates: dict[str, list[float]] = {"sqlite": [], "postgres": []}
+    async with _store(sqlite_config) as (lite, _), _store(postgres_config) as (pg, _):
+        stores = {"sqlite": lite, "postgres": pg}
+        sessions = [f"w{n}" for n in range(config.writers)]
+        for store in stores.values():
+            for session in sessions:
+                await store.create_session(session)
+        for _ in range(config.rounds):
+            for name, store in stores.items():
+                rates[name].append(await _throughput(store, sessions, config.appends))
+    sqlite_rate = statistics.median(rates["sqlite"])
+    postgres_rate = statistics.median(rates["postgres"])
+    ratio = round(postgres_rate / sqlite_rate, 2)
+    side_by_side = {
+        "writers": config.writers,
+        "appends_per_round": config.appends,
+        "sqlite_appends_per_s": round(sqlite_rate),
+        "postgres_appends_per_s": round(postgres_rate),
+        "sqlite_rounds": [round(r) for r in rates["sqlite"]],
+        "postgres_rounds": [round(r) for r in rates["postgres"]],
+        "postgres_to_sqlite": ratio,
+    }
+    backends = {
+        "sqlite": await run_journal_bench(sqlite_config),
+        "postgres": await run_journal_bench(postgres_config),
+    }
+    return {
+        "benchmark": "journal",
+        "backend": "both",
+        "side_by_side": side_by_side,
+        "backends": backends,
+        "targets": {
+            "postgres_to_sqlite_min": {
+                "target": POSTGRES_TO_SQLITE_MIN,
+                "measured": ratio,
+                "met": ratio >= POSTGRES_TO_SQLITE_MIN,
+            },
+            **{f"sqlite_{k}": v for k, v in backends["sqlite"]["targets"].items()},
+        },
+        "machine": machine.report(),
+    }
 
 
 def _check_targets(report: dict[str, Any]) -> dict[str, dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -18,8 +19,13 @@ from shadowpod import eventloop
 from shadowpod.bench.chaos import BOUNDARIES, ChaosConfig, run_chaos
 from shadowpod.bench.criu import SIZES_MB, CriuBenchConfig, run_criu_bench
 from shadowpod.bench.gate import GateBenchConfig, run_gate_bench
-from shadowpod.bench.journal import JournalBenchConfig, run_journal_bench
+from shadowpod.bench.journal import (
+    JournalBenchConfig,
+    run_journal_bench,
+    run_journal_comparison,
+)
 from shadowpod.bench.migrate import MigrateBenchConfig, run_migrate_bench
+from shadowpod.bench.snapshot_upload import SnapshotBenchConfig, run_snapshot_bench
 from shadowpod.cli.errors import fail, interrupted
 from shadowpod.cli.subject import agent_options, agent_under_test
 from shadowpod.gates.policy import JudgeKind
@@ -61,7 +67,14 @@ def _workdir(help_text: str) -> Callable[[F], F]:
 
 
 @bench.command("journal")
-@_backend("Journal store to measure.")
+@click.option(
+    "--backend",
+    type=click.Choice(["sqlite", "postgres", "both"]),
+    default="sqlite",
+    show_default=True,
+    help="Journal store to measure; both: the two in one report, their durable "
+    "appends/s measured side by side.",
+)
 @_dsn
 @_workdir("Where SQLite databases are created (default: the system temp dir).")
 @click.option("--quick", is_flag=True, help="Tiny sizes: checks that it runs, figures mean little.")
@@ -76,10 +89,28 @@ def journal(
         if quick
         else JournalBenchConfig(backend=backend, dsn=dsn, workdir=workdir)
     )
-    _run_and_report("journal", run_journal_bench(config), _print_journal, as_json, check)
+    run = run_journal_comparison(config) if backend == "both" else run_journal_bench(config)
+    _run_and_report("journal", run, _print_journal, as_json, check)
 
 
 def _print_journal(report: dict[str, Any]) -> None:
+    if report["backend"] == "both":
+        for backend_report in report["backends"].values():
+            _print_journal(backend_report)
+        side = report["side_by_side"]
+        Console().print(
+            f"side by side, {side['writers']} writers: SQLite {side['sqlite_appends_per_s']:,} "
+            f"and PostgreSQL {side['postgres_appends_per_s']:,} durable appends/s "
+            "(PostgreSQL/SQLite "
+            + _against(
+                report["targets"]["postgres_to_sqlite_min"],
+                "[green]met[/green]",
+                "[red]missed[/red]",
+            )
+            + ")"
+        )
+        Console().print(f"machine over the whole run: {_machine(report)}")
+        return
     table = Table(title=f"journal benchmark — {report['backend']}")
     table.add_column("figure")
     table.add_column("value", justify="right")
@@ -98,6 +129,60 @@ def _print_journal(report: dict[str, Any]) -> None:
     table.add_row("bytes per entry", str(report["bytes_per_entry"]))
     for name, target in report.get("targets", {}).items():
         table.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
+@bench.command("snapshot")
+@click.option("--size-mib", default=250, show_default=True, type=click.IntRange(min=1))
+@click.option("--bystanders", default=4, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--compare-source",
+    type=click.Path(file_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Also measure a gateway run from this source tree (e.g. a checkout of main).",
+)
+@_workdir("Where the gateway's journal is created (default: the system temp dir).")
+@click.option("--quick", is_flag=True, help="Tiny sizes: checks that it runs, figures mean little.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def snapshot(
+    size_mib: int,
+    bystanders: int,
+    compare_source: Path | None,
+    workdir: Path | None,
+    quick: bool,
+    as_json: bool,
+) -> None:
+    """One large snapshot PUT to a gateway: its peak RSS, other sessions' post latency."""
+    options: dict[str, Any] = {"compare_source": compare_source, "workdir": workdir}
+    config = (
+        SnapshotBenchConfig.quick(**options)
+        if quick
+        else SnapshotBenchConfig(size_mib=size_mib, bystanders=bystanders, **options)
+    )
+    _run_and_report("snapshot", run_snapshot_bench(config), _print_snapshot, as_json, False)
+
+
+def _posts(phase: str, figure: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda run: run["other_sessions_post_latency"][phase].get(figure)
+
+
+def _print_snapshot(report: dict[str, Any]) -> None:
+    table = Table(title=f"one {report['size_mib']} MiB snapshot PUT to a gateway (SQLite)")
+    table.add_column("figure")
+    for run in report["runs"]:
+        table.add_column(run["source"], justify="right")
+    rows: list[tuple[str, Callable[[dict[str, Any]], Any]]] = [
+        ("answer", lambda r: r["upload"]["status"]),
+        ("upload s", lambda r: r["upload"]["seconds"]),
+        ("gateway RSS resting MiB", lambda r: r["gateway_rss_mib"]["resting"]),
+        ("gateway RSS peak MiB", lambda r: r["gateway_rss_mib"]["peak"]),
+    ]
+    for phase in ("before_upload", "during_upload"):
+        for figure in ("p50_ms", "p99_ms", "max_ms", "failures"):
+            rows.append((f"other posts {phase.replace('_', ' ')} {figure}", _posts(phase, figure)))
+    for name, value in rows:
+        table.add_row(name, *(str(value(run)) for run in report["runs"]))
     Console().print(table)
     Console().print(f"machine: {_machine(report)}")
 
@@ -452,61 +537,114 @@ def _machine(report: dict[str, Any]) -> str:
     return line
 
 
-@bench.command("operator")
-@click.option("--sessions", default=1000, show_default=True, type=click.IntRange(min=1))
-@click.option(
-    "--bumped",
-    default=100,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Sessions whose image is bumped, timed to their AgentMigration.",
-)
-@click.option(
-    "--migrations",
-    default=50,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Sessions migrated live at once with real agents (0: none).",
-)
+@bench.command("lifecycle")
+@click.option("--rounds", default=20, show_default=True, type=click.IntRange(min=1))
 @click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=Path("/tmp/shadowpod-bench-operator"),
+    default=Path("/tmp/shadowpod-bench-lifecycle"),
     show_default=True,
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@click.option("--check", is_flag=True, help="Exit 1 when a target is missed.")
-def operator(
-    sessions: int, bumped: int, migrations: int, workdir: Path, as_json: bool, check: bool
+def lifecycle(rounds: int, workdir: Path, as_json: bool) -> None:
+    """Suspend a session and wake it with a message, ROUNDS times: the waking message's
+    reply latency against the new owner's cold start."""
+    from shadowpod.bench.lifecycle import LifecycleBenchConfig, run_lifecycle_bench
+
+    if workdir.exists():
+        shutil.rmtree(workdir)
+    config = LifecycleBenchConfig(rounds=rounds, workdir=workdir)
+    _run_and_report("lifecycle", run_lifecycle_bench(config), _print_lifecycle, as_json, False)
+
+
+def _print_lifecycle(report: dict[str, Any]) -> None:
+    table = Table(title="suspend and wake")
+    table.add_column("figure")
+    table.add_column("p50 / p99 (ms)", justify="right")
+    for key in ("resume_latency_ms", "owner_start_ms", "suspend_ms"):
+        table.add_row(
+            key.removesuffix("_ms").replace("_", " "), "{p50} / {p99}".format(**report[key])
+        )
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
+@bench.command("cluster")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("/var/lib/shadowpod-cluster/admin.kubeconfig"),
+    show_default=True,
+    help="The cluster's kubeconfig (by default `make cluster`'s).",
+)
+@click.option(
+    "--gateway-host",
+    default="10.87.0.1",
+    show_default=True,
+    help="Where the gateway listens: an address of this machine the cluster's pods reach "
+    "(`make cluster`'s API server address).",
+)
+@click.option("--sessions", default=100, show_default=True, type=click.IntRange(min=1))
+@click.option("--rate", default=10.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option(
+    "--idle-sessions",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Sessions the second idle cost is measured at (their pods beyond what the nodes "
+    "run stay Pending).",
+)
+@click.option("--window", "window_s", default=60.0, show_default=True, type=float)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/tmp/shadowpod-bench-cluster"),
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def cluster(
+    kubeconfig: Path,
+    gateway_host: str,
+    sessions: int,
+    rate: float,
+    idle_sessions: int,
+    window_s: float,
+    workdir: Path,
+    as_json: bool,
 ) -> None:
-    """The operator at scale on the emulated API: RSS, create→Running, bump→migration,
-    and concurrent live migrations with the real data plane. Runs from a checkout."""
-    from shadowpod.bench.operator import OperatorBenchConfig, run_operator_bench
+    """The operator on a real API server with real kubelets: create → owner Pod and →
+    Running, image change → AgentMigration (p50/p99), and the API requests a second
+    idle sessions cost, from the API server's apiserver_request_total."""
+    from shadowpod.bench.cluster import ClusterBenchConfig, run_cluster_bench
 
-    config = OperatorBenchConfig(
-        sessions=sessions, bumped=min(bumped, sessions), migrations=migrations, workdir=workdir
+    config = ClusterBenchConfig(
+        kubeconfig=kubeconfig,
+        gateway_host=gateway_host,
+        sessions=sessions,
+        rate=rate,
+        idle_sessions=idle_sessions,
+        window_s=window_s,
+        workdir=workdir,
     )
-    _run_and_report("operator", run_operator_bench(config), _print_operator, as_json, check)
+    _run_and_report("cluster", run_cluster_bench(config), _print_cluster, as_json, False)
 
 
-def _print_operator(report: dict[str, Any]) -> None:
-    table = Table(title="operator benchmark")
+def _print_cluster(report: dict[str, Any]) -> None:
+    table = Table(title="operator on a real cluster")
     table.add_column("figure")
     table.add_column("value", justify="right")
-    scale = report["scale"]
-    table.add_row("sessions Running", f"{scale['running']} / {scale['sessions']}")
-    table.add_row(
-        "operator RSS (MB), idle → loaded",
-        f"{scale['operator_rss_mb_idle']} → {scale['operator_rss_mb']}",
-    )
-    for name in ("create_to_running_s", "bump_to_migration_s"):
-        table.add_row(name.replace("_", " ") + " p50 / p99", "{p50} / {p99}".format(**scale[name]))
-    live = report.get("live") or {}
-    for key in ("migrations", "succeeded", "lost", "duplicated", "reordered", "wall_s"):
-        if key in live:
-            table.add_row(f"live {key}", str(live[key]))
-    for name, target in report.get("targets", {}).items():
-        table.add_row(f"target {name}", _against(target, "[green]met[/green]", "[red]missed[/red]"))
+    reaction = report["reaction"]
+    for name in ("create_to_owner_pod_s", "create_to_running_s", "image_change_to_migration_s"):
+        figure = reaction[name]
+        table.add_row(
+            name.replace("_", " ") + " p50 / p99",
+            f"{figure['p50']} / {figure['p99']} (n={figure['n']})",
+        )
+    for idle in report["idle"]:
+        table.add_row(
+            f"API requests/s for {idle['sessions']} idle sessions (per session)",
+            f"{idle['operator_requests_per_s']} ({idle['operator_requests_per_s_per_session']})",
+        )
     Console().print(table)
     Console().print(f"machine: {_machine(report)}")
 

@@ -101,6 +101,22 @@ CANNOT_START = 1
 )
 @click.option("--no-schedules", is_flag=True, help="Do not fire schedules (another gateway does).")
 @click.option(
+    "--advertise-url",
+    envvar="SHADOWPOD_ADVERTISE_URL",
+    default=None,
+    help="Where the other replicas reach this one (http://POD_IP:PORT). With a "
+    "PostgreSQL journal: sessions are placed by lease, requests forwarded to their holder.",
+)
+@click.option("--replica-id", envvar="SHADOWPOD_REPLICA_ID", default=None, help="Default: the URL.")
+@click.option(
+    "--lease-ttl",
+    "lease_ttl_s",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(1, 300),
+    help="Seconds a session lease outlives its holder's last renewal (takeover bound).",
+)
+@click.option(
     "--log-level",
     type=click.Choice(LOG_LEVELS, case_sensitive=False),
     default="info",
@@ -124,6 +140,9 @@ def gateway(
     body_timeout_s: float,
     body_idle_timeout_s: float,
     no_schedules: bool,
+    advertise_url: str | None,
+    replica_id: str | None,
+    lease_ttl_s: float,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -153,6 +172,9 @@ def gateway(
             body_timeout_s=body_timeout_s,
             body_idle_timeout_s=body_idle_timeout_s,
             schedules=not no_schedules,
+            advertise_url=advertise_url,
+            replica_id=replica_id,
+            lease_ttl_s=lease_ttl_s,
         )
     except ValueError as exc:
         fail(str(exc), BAD_SETTINGS)

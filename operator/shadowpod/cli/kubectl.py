@@ -1,5 +1,6 @@
 """``kubectl shadowpod`` (installed as ``kubectl-shadowpod``; also ``shadowpod kubectl``):
-status, migrate (``--wait`` shows the phases as they pass), cancel, history, logs, diff,
+status, migrate (``--wait`` shows the phases as they pass), cancel, history (with
+``--gateway``, the journal's: owners, fences, suspends, wakes, resumes, snapshots), logs, diff,
 and ``rollout status|pause|resume|abort|history`` of an AgentDeployment.
 
 Exit codes: 0 done (a waited migration succeeded; ``diff``: the gate passed; ``rollout
@@ -178,9 +179,22 @@ def cancel(target: Any, migration: str) -> None:
 
 @kubectl.command()
 @click.argument("session")
+@click.option(
+    "--gateway",
+    envvar="SHADOWPOD_GATEWAY_URL",
+    default=None,
+    help="The gateway's URL: also show what the session's journal records (owners and"
+    " their epochs, fences, suspends, wakes, resumes, snapshots) with seqs and times.",
+)
+@click.option(
+    "--token",
+    envvar="SHADOWPOD_CLIENT_TOKEN",
+    default=None,
+    help="A client token for the gateway, if it asks for one.",
+)
 @click.pass_obj
-def history(target: Any, session: str) -> None:
-    """SESSION's migrations, oldest first."""
+def history(target: Any, session: str, gateway: str | None, token: str | None) -> None:
+    """SESSION's migrations, oldest first; with --gateway, its journal's history too."""
     from shadowpod.kube import plugin
 
     found = _run(target, lambda api, ns: plugin.history(api, ns, session))
@@ -200,6 +214,49 @@ def history(target: Any, session: str) -> None:
             "" if pause is None else f"{pause} ms",
         )
     Console().print(table)
+    if gateway is not None:
+        namespace = _run(target, lambda _, ns: _namespace(ns))
+        Console().print(_journal_history(gateway, token, f"{namespace}.{session}"))
+
+
+async def _namespace(namespace: str) -> str:
+    return namespace
+
+
+def _journal_history(url: str, token: str | None, session: str) -> Table:
+    """The gateway's history of the session (every page of it), as a table."""
+    from shadowpod.client.gateway import GatewayClient, GatewayError
+
+    async def pages() -> list[Any]:
+        events: list[Any] = []
+        async with GatewayClient(url, token) as client:
+            after = -1
+            page = await client.history(session)
+            while True:
+                events += page.events
+                if page.next_after >= page.head or page.next_after == after:
+                    return events
+                after = page.next_after
+                page = await client.history(session, after=after)
+
+    try:
+        events = asyncio.run(pages())
+    except GatewayError as exc:
+        code = NOT_FOUND if exc.status == 404 else UNREACHABLE
+        fail(f"the gateway answered {exc.status} {exc.reason}: {exc}", code)
+    except OSError as exc:
+        fail(f"cannot reach the gateway at {url}: {exc}", UNREACHABLE)
+    table = Table("SEQ", "TIME", "EVENT", "EPOCH", "OWNER", "REASON")
+    for event in events:
+        table.add_row(
+            str(event.seq),
+            event.at,
+            event.event,
+            "" if event.epoch is None else str(event.epoch),
+            event.owner or "",
+            event.reason or "",
+        )
+    return table
 
 
 @kubectl.command()

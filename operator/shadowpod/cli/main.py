@@ -57,6 +57,14 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
         "shadowpod.cli.up:status",
         "What a running `shadowpod up` serves: its gateway, sessions, owners, migrations.",
     ),
+    "suspend": (
+        "shadowpod.cli.up:suspend",
+        "Suspend the session of a running `shadowpod up`; a message wakes it.",
+    ),
+    "resume": (
+        "shadowpod.cli.up:resume",
+        "Resume a suspended session of a running `shadowpod up`.",
+    ),
     "up": (
         "shadowpod.cli.up:up",
         "Start a gateway and an agent session in --workdir, and keep them serving.",

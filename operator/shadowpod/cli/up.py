@@ -363,6 +363,42 @@ def _print_result(record: MigrationRecord, console: Console) -> None:
     console.print(facts)
 
 
+@click.command("suspend")
+@workdir_option
+@click.option("--session", help="The session (default: the deployment's only one).")
+def suspend(workdir: Path, session: str | None) -> None:
+    """Suspend the session of a running `shadowpod up`; a message wakes it.
+
+    Its owner is fenced out after a final snapshot and stopped; messages keep being
+    journaled and the first one wakes it. Exits 0 when suspended, 2 when it cannot be
+    (not running, busy, suspended)."""
+    answer = eventloop.run(_lifecycle(workdir, "suspend", session))
+    click.echo(f"session {answer['session']} suspended (final snapshot at {answer['snapshot']})")
+
+
+@click.command("resume")
+@workdir_option
+@click.option("--session", help="The session (default: the deployment's only one).")
+def resume(workdir: Path, session: str | None) -> None:
+    """Resume a suspended session of a running `shadowpod up`.
+
+    A new owner from the snapshot and the journal answers what waited, in order."""
+    answer = eventloop.run(_lifecycle(workdir, "resume", session))
+    click.echo(f"session {answer['session']} resumed: owner {answer['owner']}")
+
+
+async def _lifecycle(workdir: Path, what: str, session: str | None) -> dict[str, Any]:
+    try:
+        async with StandingClient(workdir) as client:
+            if what == "suspend":
+                return await client.suspend(session=session)
+            return await client.resume(session=session)
+    except DeploymentUnreachable as exc:
+        _cannot(str(exc))
+    except DeploymentRefused as exc:
+        _cannot(f"{exc} ({exc.reason})")
+
+
 @click.command("status")
 @workdir_option
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")

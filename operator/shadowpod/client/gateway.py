@@ -24,12 +24,18 @@ from shadowpod.api.models import (
     OwnerCredentialRequest,
     OwnershipChange,
     PostMessage,
+    ResumeRequest,
+    SessionActivity,
     SessionCreated,
+    SessionHistory,
     SessionStatus,
     SnapshotInfoOut,
     SnapshotOut,
     SnapshotRequested,
+    SuspendRequest,
+    SuspendResult,
     UnfenceRequest,
+    WakesPage,
 )
 from shadowpod.client.sse import iter_sse
 from shadowpod.domain.entries import JournalEntry, NewEntry, entry_from_json
@@ -157,12 +163,24 @@ class GatewayClient:
         id: str | None = None,
         role: str = "user",
         meta: dict[str, JsonValue] | None = None,
+        wait_s: float = 0,
     ) -> Accepted:
+        """``wait_s``: when the message wakes a suspended session, wait up to this long
+        for its owner to be up (``Accepted.waking`` says whether it was not)."""
         body = PostMessage.model_validate(
             {"id": id, "content": content, "role": role, "meta": meta or {}}
         )
+        params = {"wait": wait_s} if wait_s else None
+        # The client's own timeout, unless it waits for an owner longer than that.
+        timeout_s = REQUEST_TIMEOUT_S + wait_s if wait_s else None
         return Accepted.model_validate(
-            await self._call("POST", f"/v1/sessions/{session}/messages", body=body)
+            await self._call(
+                "POST",
+                f"/v1/sessions/{session}/messages",
+                body=body,
+                params=params,
+                timeout_s=timeout_s,
+            )
         )
 
     async def events(
@@ -366,6 +384,37 @@ class GatewayClient:
     async def request_snapshot(self, session: str) -> int:
         answer = await self._call("POST", f"/v1/sessions/{session}/snapshot-requests")
         return SnapshotRequested.model_validate(answer).seq
+
+    # --- lifecycle --------------------------------------------------------------------
+
+    async def suspend(self, session: str, request: SuspendRequest) -> SuspendResult:
+        timeout_s = request.timeout_s + REQUEST_TIMEOUT_S
+        return SuspendResult.model_validate(
+            await self._call(
+                "POST", f"/v1/sessions/{session}/suspend", body=request, timeout_s=timeout_s
+            )
+        )
+
+    async def resume(self, session: str, *, expect_epoch: int) -> Ownership:
+        body = ResumeRequest(expect_epoch=expect_epoch)
+        return Ownership.model_validate(
+            await self._call("POST", f"/v1/sessions/{session}/resume", body=body)
+        )
+
+    async def wakes(self, *, after: int = 0, wait_s: float = 0) -> WakesPage:
+        params = {"after": after, "wait": wait_s}
+        answer = await self._call(
+            "GET", "/v1/wakes", params=params, timeout_s=REQUEST_TIMEOUT_S + wait_s
+        )
+        return WakesPage.model_validate(answer)
+
+    async def history(self, session: str, *, after: int = 0) -> SessionHistory:
+        answer = await self._call("GET", f"/v1/sessions/{session}/history", params={"after": after})
+        return SessionHistory.model_validate(answer)
+
+    async def activity(self, session: str) -> SessionActivity:
+        answer = await self._call("GET", f"/v1/sessions/{session}/activity")
+        return SessionActivity.model_validate(answer)
 
 
 def error_from_body(status: int, body: Any) -> GatewayError:

@@ -5,6 +5,11 @@ the store refuses a write whose epoch is not the current one (``Fenced``), in th
 transaction as the write. ``fence`` is the ExchangeFence's first half: while it is
 ``fenced`` the gateway stops delivering inbound entries to the owner (they keep being
 journaled), and the owner may still finish and journal the turn it is in.
+
+A suspended session (``suspended``) was fenced to an epoch whose owner is not running:
+nothing is delivered, inbound keeps being journaled, and the record names the instance
+that will own the session when it resumes. ``waking``: suspended, and a client's
+message asked for an owner (the operator resumes the session when its spec allows).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from shadowpod.domain.bounds import Epoch, Seq
 class FenceState(StrEnum):
     OPEN = "open"
     FENCED = "fenced"
+    SUSPENDED = "suspended"
+    WAKING = "waking"
 
 
 class Ownership(BaseModel):

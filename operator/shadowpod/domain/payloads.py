@@ -280,6 +280,11 @@ class ControlEvent(StrEnum):
     # A fenced owner reports that it stopped and what background work it ended.
     DRAINED = "drained"
     MIGRATION = "migration"
+    # Session lifecycle: fenced to an owner that is not started; a message asked for
+    # one; the owner started and delivery opened again.
+    SUSPEND = "suspend"
+    WAKE = "wake"
+    RESUME = "resume"
 
 
 class ControlPayload(Payload):

@@ -25,12 +25,24 @@ from shadowpod.gateway.errors import (
     error_middleware,
 )
 from shadowpod.gateway.metrics import GatewayMetrics
-from shadowpod.gateway.routes import channel, client, control, ops, owner, shadow, snapshots
+from shadowpod.gateway.placement import PLACEMENT, Placement, placement_middleware
+from shadowpod.gateway.routes import (
+    channel,
+    client,
+    control,
+    lifecycle,
+    ops,
+    owner,
+    shadow,
+    snapshots,
+)
 from shadowpod.gateway.server import GatewayRunner
 from shadowpod.journal.factory import store_from_url
+from shadowpod.journal.leases import SessionLeases
 from shadowpod.journal.store import JournalStore
 from shadowpod.sessions.fence import ExchangeFence
 from shadowpod.sessions.gates import SessionGates
+from shadowpod.sessions.lifecycle import SessionLifecycle, WakeFeed
 from shadowpod.sessions.schedules import ScheduleFirer
 
 logger = logging.getLogger(__name__)
@@ -41,6 +53,7 @@ ROUTE_TABLES = (
     shadow.routes,
     snapshots.routes,
     control.routes,
+    lifecycle.routes,
     ops.routes,
 )
 
@@ -62,6 +75,7 @@ LARGE_BODIES: Final = frozenset(
 CONTROL_BODIES: Final = frozenset(
     {"post_ack", "put_ownership", "fence", "unfence", "request_snapshot", "mint_owner_credential"}
 )
+LIFECYCLE_BODIES: Final = frozenset({"suspend", "resume"})
 
 
 def body_limits_by_route(config: GatewayConfig) -> dict[str, int]:
@@ -74,7 +88,7 @@ def body_limits_by_route(config: GatewayConfig) -> dict[str, int]:
                 limits[name] = config.max_snapshot_bytes
             elif name in LARGE_BODIES:
                 limits[name] = config.max_body_bytes
-            elif name in CONTROL_BODIES:
+            elif name in CONTROL_BODIES | LIFECYCLE_BODIES:
                 limits[name] = min(CONTROL_BODY_BYTES, config.max_body_bytes)
             else:
                 limits[name] = 0
@@ -96,21 +110,26 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
     store = store or store_from_url(config.journal_url)
     metrics = GatewayMetrics()
     gates = SessionGates(store, on_pause=metrics.fence_pause.observe, window=config.delivery_window)
+    fence = ExchangeFence(store, gates)
     gw = Gateway(
         config=config,
         store=store,
         auth=Authenticator(store, config.control_token_hashes, config.client_token_hashes),
         gates=gates,
-        fence=ExchangeFence(store, gates),
+        fence=fence,
         firer=ScheduleFirer(store, on_fire=metrics.schedule_fires.inc),
         metrics=metrics,
+        lifecycle=SessionLifecycle(store, gates, fence, WakeFeed()),
     )
     app = web.Application(
         # Routes stream their bodies with their own limits (read_raw_body); this only
         # bounds a body read whole by aiohttp, which the gateway does not do.
         client_max_size=config.max_body_bytes,
-        middlewares=[count_requests, error_middleware, body_limits],
+        middlewares=[count_requests, error_middleware, placement_middleware, body_limits],
     )
+    placement = _placement(gw)
+    if placement is not None:
+        app[PLACEMENT] = placement
     app[GATEWAY] = gw
     app[STORE_HEALTH] = StoreHealth()
     app[LIMITS] = Limits(
@@ -127,9 +146,32 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
     return app
 
 
+def _placement(gw: Gateway) -> Placement | None:
+    """Leases, when replicas share a PostgreSQL journal and this one says where it is."""
+    leases: SessionLeases | None = getattr(gw.store, "leases", None)
+    url = gw.config.advertise_url
+    if leases is None or url is None:
+        return None
+
+    def lost(session: str) -> None:
+        # The new holder rebuilds the gate from the journal; the owner reconnects there.
+        gw.gates.forget(session)
+        for task in gw.owner_channels.pop(session, set()):
+            task.cancel()
+
+    replica = gw.config.replica_id or url
+    leases.guard = replica  # the database refuses an epoch change by a replica that lost it
+    return Placement(leases, replica, url, ttl_s=gw.config.lease_ttl_s, on_lost=lost)
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     gw = app[GATEWAY]
     await gw.store.open()
+    placement = app.get(PLACEMENT)
+    renewing: asyncio.Task[None] | None = None
+    if placement is not None:
+        await placement.start()
+        renewing = asyncio.create_task(placement.run(), name="lease-renewal")
     firing: asyncio.Task[None] | None = None
     if gw.config.schedules:
         await gw.firer.load(s.session for s in await gw.store.list_sessions())
@@ -139,6 +181,14 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        if renewing is not None:
+            renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await renewing
+        if placement is not None:
+            with contextlib.suppress(Exception):  # unreleased, they expire within the ttl
+                await placement.hand_over()
+            await placement.stop()
         if firing is not None:
             firing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -178,4 +228,11 @@ async def serve(config: GatewayConfig, *, ready: asyncio.Event | None = None) ->
     try:
         await stop.wait()
     finally:
+        placement = runner.app.get(PLACEMENT)
+        if placement is not None:
+            # Hand the sessions over first: requests for them go to other replicas
+            # while this one ends its streams.
+            with contextlib.suppress(Exception):
+                released = await placement.hand_over()
+                logger.info("session leases released", extra={"sessions": released})
         await runner.cleanup()

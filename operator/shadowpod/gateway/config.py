@@ -61,6 +61,22 @@ class GatewayConfig(BaseModel):
         ge=1,
         description="Event streams open at once on one session; one more is 503 TooManyStreams.",
     )
+    advertise_url: str | None = Field(
+        default=None,
+        description="Where the other gateway replicas reach this one (http://POD_IP:PORT). "
+        "Set, on PostgreSQL: sessions are placed by lease and a request for a session "
+        "another replica serves is forwarded there (gateway/placement.py).",
+    )
+    replica_id: str | None = Field(
+        default=None, description="This replica's name in the leases (default: the URL)."
+    )
+    lease_ttl_s: float = Field(
+        default=10.0,
+        ge=1.0,
+        le=300.0,
+        description="A session lease outlives its holder's last renewal by this: the "
+        "bound on a dead replica's sessions being served again.",
+    )
     delivery_window: int = Field(
         default=4,
         ge=1,

@@ -22,6 +22,7 @@ from shadowpod.gateway.metrics import GatewayMetrics
 from shadowpod.journal.store import JournalStore
 from shadowpod.sessions.fence import ExchangeFence
 from shadowpod.sessions.gates import SessionGates
+from shadowpod.sessions.lifecycle import SessionLifecycle
 from shadowpod.sessions.schedules import ScheduleFirer
 
 
@@ -34,6 +35,7 @@ class Gateway:
     fence: ExchangeFence
     firer: ScheduleFirer
     metrics: GatewayMetrics
+    lifecycle: SessionLifecycle
     streams: set[asyncio.Task[Any]] = field(default_factory=set)
     # The owner channels open per session: a deleted session's are closed, so that a
     # session re-created under its name is never fed to (or written by) the old owner.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final, TypeVar
 
 import orjson
@@ -29,6 +29,7 @@ from shadowpod.journal.errors import (
     StoreUnavailable,
 )
 from shadowpod.sessions.fence import FenceTimeout
+from shadowpod.sessions.lifecycle import NotSuspended
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ STATUS_OF: Final[dict[type[ShadowpodError], int]] = {
     IdempotencyConflict: 409,
     EpochConflict: 409,
     FenceTimeout: 409,
+    NotSuspended: 409,
     InvalidOwnership: 400,
     InvalidSnapshot: 400,
     JournalTruncated: 410,
@@ -122,6 +124,8 @@ def field_errors(exc: ValidationError, prefix: str = "") -> list[FieldError]:
     return errors
 
 
+# The status of a request whose client hung up before it was answered (nginx's).
+CLIENT_CLOSED: Final = 499
 # Bodies larger than this (snapshots) are parsed off the event loop.
 LARGE_BODY: Final = 256 * 1024
 
@@ -144,10 +148,12 @@ def body_timeout(read: int, limits: Limits) -> ApiError:
     )
 
 
-async def read_raw_body(request: web.Request, *, limit: int | None = None) -> bytes:
-    """The request body, read as it streams in: a 413 as soon as it is larger than
-    ``limit`` (by default the route's limit, else the gateway's body limit), nothing
-    more is read or kept; a 408 when it comes too slowly."""
+async def read_body_pieces(
+    request: web.Request, *, limit: int | None = None
+) -> AsyncIterator[bytes]:
+    """The request body, piece by piece as it streams in: a 413 as soon as it is larger
+    than ``limit`` (by default the route's limit, else the gateway's body limit),
+    nothing more is read; a 408 when it comes too slowly."""
     limits = request.app[LIMITS]
     if limit is None:
         limit = request.get(BODY_LIMIT, limits.max_body_bytes)
@@ -155,7 +161,7 @@ async def read_raw_body(request: web.Request, *, limit: int | None = None) -> by
         raise too_large(limit)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + limits.body_timeout_s
-    body = bytearray()
+    read = 0
     while True:
         wait = min(limits.body_idle_timeout_s, deadline - loop.time())
         try:
@@ -164,12 +170,27 @@ async def read_raw_body(request: web.Request, *, limit: int | None = None) -> by
             async with asyncio.timeout(wait):
                 chunk = await request.content.readany()
         except TimeoutError:
-            raise body_timeout(len(body), limits) from None
+            raise body_timeout(read, limits) from None
+        except ConnectionError:
+            # The client hung up mid-body: its doing, not the server's. Nobody reads
+            # the answer; its status (nginx's 499) keeps it out of the 5xx counts.
+            raise ApiError(
+                CLIENT_CLOSED, "ClientClosedRequest", f"the client left after {read} bytes"
+            ) from None
         if not chunk:
-            return bytes(body)
-        if len(body) + len(chunk) > limit:
+            return
+        read += len(chunk)
+        if read > limit:
             raise too_large(limit)
+        yield chunk
+
+
+async def read_raw_body(request: web.Request, *, limit: int | None = None) -> bytes:
+    """The request body, read whole as it streams in (``read_body_pieces``)."""
+    body = bytearray()
+    async for chunk in read_body_pieces(request, limit=limit):
         body += chunk
+    return bytes(body)
 
 
 def parse_body(raw: bytes, model: type[M]) -> M:

@@ -145,6 +145,21 @@ class StoreUnavailable(ShadowpodError):
     reason = "StoreUnavailable"
 
 
+class LeaseLost(StoreUnavailable):
+    """This gateway replica no longer holds the session's lease (``journal/leases.py``):
+    the ownership change did not happen; retried, it reaches the replica that does."""
+
+    reason = "LeaseLost"
+
+    def __init__(self, session: str, replica: str) -> None:
+        super().__init__(
+            f"gateway replica {replica!r} no longer serves session {session!r} (its lease "
+            "expired or was taken over): nothing changed; retry, the request then reaches "
+            "the replica that serves it"
+        )
+        self.session = session
+
+
 class StoreFull(StoreUnavailable):
     """The journal's disk (or database) is full: the write did not happen. Retrying
     helps only once space is freed, so the gateway also reports itself not ready."""

@@ -24,11 +24,11 @@ Guarantees every backend gives (checked by the shared contract suite in
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import IntEnum
-from typing import Final, Protocol
+from typing import BinaryIO, Final, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,8 @@ from shadowpod.domain.ownership import Ownership
 # Each may be as large as the gateway's snapshot limit, and they share one disk with
 # every other session: an owner putting one at every watermark used to fill it.
 MAX_SNAPSHOTS_PER_SESSION: Final = 16
+# How much of a compressed document a store copies at a time.
+COPY_PIECE_BYTES: Final = 1024 * 1024
 
 
 class Writer(IntEnum):
@@ -91,6 +93,21 @@ class Snapshot:
 
     info: SnapshotInfo
     document_json: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class CompressedDocument:
+    """A state document already compressed as stores keep it (``codec``), in a file:
+    what a snapshot streamed in becomes. A store copies it into its database a piece
+    at a time, so a document of hundreds of megabytes never sits in memory whole."""
+
+    file: BinaryIO
+    size_bytes: int
+
+    def pieces(self, size: int = COPY_PIECE_BYTES) -> Iterator[bytes]:
+        self.file.seek(0)
+        while piece := self.file.read(size):
+            yield piece
 
 
 class Retention(BaseModel):
@@ -170,12 +187,13 @@ class JournalStore(Protocol):
         *,
         watermark: int,
         schema_version: int,
-        document_json: bytes,
+        document_json: bytes | CompressedDocument,
         owner_epoch: int | None = None,
         owner: str | None = None,
     ) -> SnapshotInfo:
         """Store ``document_json`` (the state document as JSON text, stored as it is:
-        the caller checks it is a JSON object) as the snapshot at ``watermark``, and
+        the caller checks it is a JSON object; or that text already compressed, in a
+        file, copied in a piece at a time) as the snapshot at ``watermark``, and
         delete what falls out of the ``MAX_SNAPSHOTS_PER_SESSION`` newest. With
         ``owner_epoch`` (and ``owner``), an owner's write: refused (``Fenced``) in the
         write's transaction unless the session is at that epoch (and that owner), as

@@ -46,6 +46,7 @@ from shadowpod.engine.ports import (
 from shadowpod.kube import manifests, names
 from shadowpod.kube.api import AlreadyExists, namespaced
 from shadowpod.kube.context import OperatorContext
+from shadowpod.kube.credentials import give_owner_credential
 from shadowpod.kube.models.v1alpha1 import AgentSession
 from shadowpod.kube.registry import CheckpointImages, RegistryError
 from shadowpod.kube.runtime import PodRuntime
@@ -176,6 +177,9 @@ class KubeletCheckpointer:
         pod["metadata"]["annotations"][RESTORED_FROM_ANNOTATION] = f"{ref['node']}:{ref['archive']}"
         if self.node is None:
             pod["spec"]["nodeSelector"] = {CHECKPOINT_RESTORE_LABEL: "true"}
+        await give_owner_credential(
+            self.ctx.api, self.namespace, self.session.metadata.name or "", spec.session, spec.name
+        )
         try:
             await self.ctx.api.create(namespaced("pods", self.namespace), pod)
         except AlreadyExists:

@@ -28,6 +28,7 @@ from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.backoff import FailureBackoff
 from shadowpod.kube.config import OperatorConfig
 from shadowpod.kube.metrics import OperatorMetrics
+from shadowpod.kube.models.v1alpha1 import SessionPhase
 
 logger = logging.getLogger("shadowpod.operator")
 
@@ -88,8 +89,10 @@ class OperatorContext:
             self.unready_owners.discard(key)
         else:
             self.session_phases[key] = phase
-            (self.unready_owners.discard if ready else self.unready_owners.add)(key)
-        for known in ("Pending", "Running", "Migrating", "Paused", "Failed"):
+            # A suspended session has no owner on purpose: no alert for it.
+            served = ready or phase == SessionPhase.SUSPENDED
+            (self.unready_owners.discard if served else self.unready_owners.add)(key)
+        for known in SessionPhase:
             count = sum(1 for p in self.session_phases.values() if p == known)
             self.metrics.sessions.labels(phase=known).set(count)
         self.metrics.sessions_without_owner.set(len(self.unready_owners))

@@ -42,7 +42,7 @@ from pydantic import ValidationError
 
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
-from shadowpod.kube import cleanup, migrations, names, rollouts, sessions
+from shadowpod.kube import cleanup, migrations, names, rollouts, sessions, wakes
 from shadowpod.kube.admission import AdmissionQueue
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.config import OperatorConfig
@@ -129,6 +129,8 @@ class OperatorMemo:
     # The cluster-wide pacing queue, and its loop's task (from startup to cleanup).
     queue: AdmissionQueue | None = None
     admitting: asyncio.Task[None] | None = None
+    # One long-poll of the gateway's wake feed, for every session.
+    wake_listener: asyncio.Task[None] | None = None
 
     @property
     def context(self) -> OperatorContext:
@@ -187,6 +189,7 @@ async def startup(memo: OperatorMemo, settings: kopf.OperatorSettings, **_: Any)
     memo.metrics.max_concurrent_migrations.set(config.max_concurrent_migrations)
     memo.queue = AdmissionQueue(memo.started)
     memo.admitting = asyncio.create_task(memo.queue.run())
+    memo.wake_listener = asyncio.create_task(wakes.listen(memo.started), name="wake-listener")
 
 
 async def shutdown(memo: OperatorMemo, **_: Any) -> None:
@@ -194,6 +197,10 @@ async def shutdown(memo: OperatorMemo, **_: Any) -> None:
         memo.admitting.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await memo.admitting
+    if memo.wake_listener is not None:
+        memo.wake_listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await memo.wake_listener
     await memo.resources.aclose()
 
 

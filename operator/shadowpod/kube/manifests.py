@@ -97,7 +97,7 @@ def agent_pod(
     if spec.identity is not None:
         annotations[AGENT_NAME_ANNOTATION] = spec.identity.name
         annotations[AGENT_PRINCIPLES_ANNOTATION] = json.dumps(spec.identity.principles)
-    volumes, mounts = _volumes(session)
+    volumes, mounts = _volumes(session, instance)
     container: dict[str, Any] = {
         "name": names.AGENT_CONTAINER,
         "image": image or spec.image,
@@ -176,7 +176,9 @@ def _runtime_env(
     return env
 
 
-def _volumes(session: AgentSession) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _volumes(
+    session: AgentSession, instance: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     spec = session.spec
     name = _name(session)
     downward = [
@@ -209,6 +211,21 @@ def _volumes(session: AgentSession) -> tuple[list[dict[str, Any]], list[dict[str
                                 {"key": names.TOKEN_KEY, "path": names.TOKEN_KEY},
                                 {"key": names.GATEWAY_KEY, "path": names.GATEWAY_KEY},
                             ],
+                        }
+                    },
+                    {
+                        # This instance's owner credential, and no other's (the operator
+                        # writes it before the pod). Optional: a session made before
+                        # owner credentials has none, and is held to the epoch alone.
+                        "secret": {
+                            "name": names.token_secret(name),
+                            "items": [
+                                {
+                                    "key": names.owner_credential_key(instance),
+                                    "path": names.OWNER_CREDENTIAL_FILE,
+                                }
+                            ],
+                            "optional": True,
                         }
                     },
                 ],
@@ -248,9 +265,12 @@ def _volumes(session: AgentSession) -> tuple[list[dict[str, Any]], list[dict[str
     return volumes, mounts
 
 
-def token_secret(session: AgentSession, *, token: str, gateway_url: str) -> dict[str, Any]:
-    """The session's Secret: the agent token its pods present to the gateway, and where
-    the gateway is."""
+def token_secret(
+    session: AgentSession, *, token: str, gateway_url: str, owner_key: str
+) -> dict[str, Any]:
+    """The session's Secret: the agent token its pods present to the gateway, where the
+    gateway is, and the session's owner key (from which the operator derives each
+    pod's owner credential; never mounted)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -264,6 +284,7 @@ def token_secret(session: AgentSession, *, token: str, gateway_url: str) -> dict
         "data": {
             names.TOKEN_KEY: base64.b64encode(token.encode()).decode(),
             names.GATEWAY_KEY: base64.b64encode(gateway_url.encode()).decode(),
+            names.OWNER_KEY_KEY: base64.b64encode(owner_key.encode()).decode(),
         },
     }
 

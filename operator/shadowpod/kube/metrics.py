@@ -123,7 +123,7 @@ class OperatorMetrics:
         self._phases: dict[str, tuple[str, float]] = {}
         self.sessions = Gauge(
             "shadowpod_sessions",
-            "AgentSessions, by phase (Pending, Running, Migrating, Paused, Failed).",
+            "AgentSessions, by phase (Pending, Running, Migrating, Suspended, Resuming).",
             ["phase"],
             registry=r,
         )

@@ -46,6 +46,12 @@ TERMINATION_LOG: Final = "/dev/termination-log"
 # Keys of the per-session Secret: the agent token and the gateway's address.
 TOKEN_KEY: Final = "token"
 GATEWAY_KEY: Final = "gateway"
+# ... the session's owner key (never mounted into a pod), and each instance's owner
+# credential under its own key (mounted into that instance's pod only).
+OWNER_KEY_KEY: Final = "owner-key"
+OWNER_CREDENTIAL_PREFIX: Final = "owner-credential."
+# The identity file the agent reads its credential from (``agent.identity``).
+OWNER_CREDENTIAL_FILE: Final = "owner-credential"
 
 _SUFFIX_ALPHABET: Final = string.ascii_lowercase + string.digits
 # The API server refuses a label value longer than this (a pod, a ConfigMap, anything).
@@ -63,6 +69,11 @@ def gateway_session(namespace: str, name: str) -> str:
 
 def token_secret(session: str) -> str:
     return f"{session}-agent"
+
+
+def owner_credential_key(instance: str) -> str:
+    """The key of ``instance``'s owner credential in the session's Secret."""
+    return f"{OWNER_CREDENTIAL_PREFIX}{instance}"
 
 
 def disruption_budget(session: str) -> str:

@@ -44,6 +44,7 @@ from shadowpod.engine.ports import (
 from shadowpod.kube import manifests, names
 from shadowpod.kube.api import AlreadyExists, KubeApi, KubeError, namespaced
 from shadowpod.kube.context import OperatorContext
+from shadowpod.kube.credentials import give_owner_credential
 from shadowpod.kube.models.v1alpha1 import AgentSession
 from shadowpod.kube.runtime import PodRuntime
 
@@ -196,7 +197,10 @@ class PodCheckpointer:
             migration=self.migration,
         )
         pod["metadata"]["annotations"][RESTORED_FROM_ANNOTATION] = f"{KIND}/{ref['name']}"
-        pod["spec"] = await self._restore_spec(taken, ref)
+        pod["spec"] = await self._restore_spec(taken, ref, spec.name)
+        await give_owner_credential(
+            self.ctx.api, self.namespace, self.session.metadata.name or "", spec.session, spec.name
+        )
         try:
             await self.ctx.api.create(namespaced("pods", self.namespace), pod)
         except AlreadyExists:
@@ -209,7 +213,9 @@ class PodCheckpointer:
             ) from exc
         await self._restore_started(spec.name, ref["name"])
 
-    async def _restore_spec(self, taken: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    async def _restore_spec(
+        self, taken: dict[str, Any], ref: dict[str, Any], instance: str
+    ) -> dict[str, Any]:
         """The spec the checkpoint was taken of, as the API server compares it; with
         ``restoreFrom``. (Before the kubelet writes a template: the source pod's.)"""
         template = (taken.get("status") or {}).get("checkpointedPodTemplate") or {}
@@ -222,6 +228,7 @@ class PodCheckpointer:
         restored: dict[str, Any] = copy.deepcopy(spec)
         restored.pop("nodeName", None)  # admission pins it to the checkpoint's node
         restored["restoreFrom"] = ref["name"]
+        _project_own_credential(restored, instance)
         return restored
 
     async def _restore_started(self, name: str, checkpoint: str) -> None:
@@ -274,3 +281,14 @@ class PodCheckpointer:
                     f" deleted: {exc}; the operator needs podcheckpoints delete"
                     " (chart: operator.criu=true), or delete it by hand",
                 )
+
+
+def _project_own_credential(spec: dict[str, Any], instance: str) -> None:
+    """The source's spec projects the source's owner credential; the restored pod is
+    another instance and must present its own (the gateway refuses a credential of
+    another instance), so the projected key is this pod's."""
+    for volume in spec.get("volumes") or []:
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            for item in (source.get("secret") or {}).get("items") or []:
+                if str(item.get("key", "")).startswith(names.OWNER_CREDENTIAL_PREFIX):
+                    item["key"] = names.owner_credential_key(instance)

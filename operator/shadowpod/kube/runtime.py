@@ -31,6 +31,7 @@ from shadowpod.engine.ports import (
 from shadowpod.kube import manifests, names
 from shadowpod.kube.api import AlreadyExists, namespaced
 from shadowpod.kube.context import OperatorContext
+from shadowpod.kube.credentials import give_owner_credential
 from shadowpod.kube.models.v1alpha1 import AgentSession
 
 # An image reference as a container runtime parses it: [registry/]path[:tag][@digest].
@@ -146,6 +147,9 @@ class PodRuntime:
             node=self.node,
             migration=self.migration,
             image=spec.image,
+        )
+        await give_owner_credential(
+            self.ctx.api, self.namespace, self.session.metadata.name or "", spec.session, spec.name
         )
         try:
             await self.ctx.api.create(self._pod(), pod)

@@ -15,7 +15,11 @@ any two steps repeats safely:
 5. the owner pod; an owner pod that died outside a migration is replaced by a new
    one at a new epoch, restoring from the latest snapshot and the journal;
 6. an AgentMigration when the image changed or the owner's node is cordoned —
-   one at a time: a change during a migration waits for it.
+   one at a time: a change during a migration waits for it;
+7. a suspend (``spec.operatingMode: Suspended``, or ``idleSuspendAfter`` passed with
+   no client message) or a resume (``suspensions``): the gateway's ownership record
+   says whether the session is suspended; a resume starts the owner it names and opens
+   delivery once that pod is ready.
 
 ``reconcile_and_patch`` is the only writer of an AgentSession's status: every pass
 writes it whole from what it saw (``activeMigration`` and ``lastMigration`` from the
@@ -40,10 +44,11 @@ from shadowpod.client.gateway import GatewayError
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.ports import GatewayUnavailable
 from shadowpod.engine.record import TERMINAL
-from shadowpod.kube import conditions, following, manifests, names, validation
+from shadowpod.kube import conditions, following, manifests, names, suspensions, validation
 from shadowpod.kube.api import AlreadyExists, namespaced
 from shadowpod.kube.comparisons import warm_semantic_judge
 from shadowpod.kube.context import Failure, OperatorContext, backoff_key
+from shadowpod.kube.credentials import give_owner_credential, owner_key_of
 from shadowpod.kube.models.conditions import ConditionStatus
 from shadowpod.kube.models.v1alpha1 import (
     AgentSession,
@@ -53,11 +58,12 @@ from shadowpod.kube.models.v1alpha1 import (
     MigrationSummary,
     PersonaJudge,
     SessionCondition,
+    Suspension,
 )
 from shadowpod.kube.models.v1alpha1.policy import EvictionStrategy
 from shadowpod.kube.records import summary_of
 from shadowpod.kube.runtime import image_problem
-from shadowpod.sessions.tokens import new_token, token_hash
+from shadowpod.sessions.tokens import new_owner_key, new_token, token_hash
 
 logger = logging.getLogger("shadowpod.operator")
 
@@ -160,26 +166,40 @@ def unfinished(migration: dict[str, Any]) -> bool:
     return phase not in FINISHED and not migration["metadata"].get("deletionTimestamp")
 
 
-async def ensure_token_secret(ctx: OperatorContext, session: AgentSession) -> str:
-    """The agent token, from the session's Secret (made, with a new token, if missing)."""
+async def ensure_token_secret(ctx: OperatorContext, session: AgentSession) -> tuple[str, str]:
+    """The agent token and the owner key, from the session's Secret (made, with a new
+    token and key, if missing; a Secret made before owner keys is given one)."""
     namespace = session.metadata.namespace or "default"
     name = names.token_secret(session.metadata.name or "")
     path = namespaced("secrets", namespace, name)
     secret = await ctx.api.get(path)
     if secret is None:
         body = manifests.token_secret(
-            session, token=new_token(), gateway_url=ctx.config.agent_gateway_url
+            session,
+            token=new_token(),
+            gateway_url=ctx.config.agent_gateway_url,
+            owner_key=new_owner_key(),
         )
         try:
             secret = await ctx.api.create(namespaced("secrets", namespace), body)
         except AlreadyExists:
             secret = await ctx.api.get(path)
+    if secret is not None and owner_key_of(secret) is None:
+        key = base64.b64encode(new_owner_key().encode()).decode()
+        secret = await ctx.api.patch(path, {"data": {names.OWNER_KEY_KEY: key}})
     if secret is None:
         raise GatewayUnavailable(f"the Secret {name} vanished while it was made")
-    return base64.b64decode(secret["data"][names.TOKEN_KEY]).decode()
+    owner_key = owner_key_of(secret)
+    assert owner_key is not None
+    return base64.b64decode(secret["data"][names.TOKEN_KEY]).decode(), owner_key
 
 
-async def ensure_gateway_session(ctx: OperatorContext, session: AgentSession, token: str) -> None:
+async def ensure_gateway_session(
+    ctx: OperatorContext, session: AgentSession, token: str, owner_key: str
+) -> None:
+    """The session in the gateway, with the owner key: owner writes then need the
+    credential of the pod the ownership record names (``kube.credentials``). A session
+    the gateway already has keeps what it was made with."""
     request = CreateSession(
         session=gateway_id(session),
         meta={"namespace": session.metadata.namespace or "", "name": session.metadata.name or ""},
@@ -192,6 +212,7 @@ async def ensure_gateway_session(ctx: OperatorContext, session: AgentSession, to
             for s in session.spec.schedules
         ],
         agent_token_sha256=token_hash(token),
+        owner_key=owner_key,
     )
     try:
         await gateway_call(ctx, lambda: ctx.admin.create_session(request))
@@ -254,6 +275,7 @@ class Observed:
     active: str | None = None
     last: MigrationSummary | None = None
     degraded: Problem | None = None
+    suspension: Suspension | None = None
 
 
 def last_migration(
@@ -298,8 +320,8 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     # a steady pass only looks at the owner (thousands of sessions, every few seconds).
     established = status.get("epoch") is not None and status.get("observedGeneration") == generation
     if not established:
-        token = await ensure_token_secret(ctx, session)
-        await ensure_gateway_session(ctx, session, token)
+        token, owner_key = await ensure_token_secret(ctx, session)
+        await ensure_gateway_session(ctx, session, token, owner_key)
     gid = gateway_id(session)
     ownership = await gateway_call(ctx, lambda: ctx.admin.ownership(gid))
     if ownership.epoch == 0:
@@ -312,6 +334,8 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     last = last_migration(
         migrations, None if session.status is None else session.status.last_migration
     )
+    if active is None and suspensions.is_suspended(ownership):
+        return await _suspended(ctx, body, session, ownership, last, found)
     recorded_owner = (body.get("status") or {}).get("ownerPod")
     pod = await ctx.api.get(namespaced("pods", namespace, ownership.owner))
     # A validation policy that cannot run holds image changes back, not the session.
@@ -326,15 +350,23 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
         else:
             pod = await _create_owner(ctx, session, ownership.owner, ownership.epoch)
     if active is None and pod is not None and not pod_dead(pod) and pod_ready(pod):
+        reason = await suspensions.due(ctx, session, gid, pod)
+        if reason is not None:
+            done = await suspensions.suspend(ctx, body, session, ownership, reason)
+            if done is not None:
+                suspended, suspension = done
+                return Observed(
+                    phase="Suspended",
+                    epoch=suspended.epoch,
+                    journal=await _position(ctx, gid),
+                    last=last,
+                    degraded=found[0] if found else None,
+                    suspension=suspension,
+                )
         active = await _maybe_migrate(
             ctx, session, body, pod, migrations, gated=gated or following.rolled_out(body)
         )
-    position = None
-    # The journal's position is shown when the gateway answers.
-    with contextlib.suppress(GatewayError, aiohttp.ClientError, TimeoutError):
-        journal = await ctx.admin.status(gid)
-        acked = min(journal.head, max(journal.acks.values(), default=0))
-        position = JournalStatus(head_seq=journal.head, acked_seq=acked)
+    position = await _position(ctx, gid)
     ready = pod_ready(pod)
     phase = "Migrating" if active is not None else ("Running" if ready else "Pending")
     return Observed(
@@ -351,12 +383,90 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     )
 
 
+async def _position(ctx: OperatorContext, gid: str) -> JournalStatus | None:
+    """The journal's position, shown when the gateway answers."""
+    with contextlib.suppress(GatewayError, aiohttp.ClientError, TimeoutError):
+        journal = await ctx.admin.status(gid)
+        acked = min(journal.head, max(journal.acks.values(), default=0))
+        return JournalStatus(head_seq=journal.head, acked_seq=acked)
+    return None
+
+
+async def _suspended(
+    ctx: OperatorContext,
+    body: dict[str, Any],
+    session: AgentSession,
+    ownership: Any,
+    last: MigrationSummary | None,
+    found: list[Problem],
+) -> Observed:
+    """A suspended session: left so, or resumed — the owner the suspension named
+    started, and delivery opened to it once it is ready."""
+    gid = gateway_id(session)
+    namespace = session.metadata.namespace or "default"
+    stored = None if session.status is None else session.status.suspension
+    degraded = found[0] if found else None
+    if not suspensions.stays_suspended(session, ownership) and stored is None:
+        # The body may predate the pass that suspended it (a timer's, a wake's): the
+        # reason is in the status that pass wrote; read it before resuming.
+        fresh = await ctx.api.get(namespaced("agentsessions", namespace, session.metadata.name))
+        if fresh is not None:
+            session = session_model(fresh)
+            stored = None if session.status is None else session.status.suspension
+    if suspensions.stays_suspended(session, ownership):
+        return Observed(
+            phase="Suspended",
+            epoch=ownership.epoch,
+            journal=await _position(ctx, gid),
+            last=last,
+            degraded=degraded,
+            suspension=stored,
+        )
+    pod = await ctx.api.get(namespaced("pods", namespace, ownership.owner))
+    if pod is not None and pod_dead(pod):
+        # The next owner died before it served: a new one at a new epoch (delivery
+        # opens with it), as for any owner that died.
+        ownership, pod = await _replace_owner(ctx, body, session, ownership, pod)
+    elif pod is None:
+        pod = await _create_owner(ctx, session, ownership.owner, ownership.epoch)
+        await ctx.event(
+            body,
+            "Normal",
+            "Resuming",
+            f"owner {ownership.owner} starts at epoch {ownership.epoch} from the latest"
+            " snapshot and the journal",
+        )
+    ready = pod_ready(pod)
+    if ready and suspensions.is_suspended(ownership):
+        ownership = await gateway_call(
+            ctx, lambda: ctx.admin.resume(gid, expect_epoch=ownership.epoch)
+        )
+        await ctx.event(
+            body, "Normal", "Resumed", f"owner {ownership.owner} serves what waited, in order"
+        )
+    return Observed(
+        phase="Running" if ready else "Resuming",
+        epoch=ownership.epoch,
+        owner=ownership.owner,
+        node=pod["spec"].get("nodeName"),
+        image=container_image(pod),
+        ready=ready,
+        journal=await _position(ctx, gid),
+        last=last,
+        degraded=degraded,
+        suspension=None if ready else stored,
+    )
+
+
 async def _create_owner(
     ctx: OperatorContext, session: AgentSession, instance: str, epoch: int
 ) -> dict[str, Any]:
     namespace = session.metadata.namespace or "default"
     pod = manifests.agent_pod(
         session, instance=instance, gateway_session=gateway_id(session), mode="owner", epoch=epoch
+    )
+    await give_owner_credential(
+        ctx.api, namespace, session.metadata.name or "", gateway_id(session), instance
     )
     try:
         return await ctx.api.create(namespaced("pods", namespace), pod)
@@ -478,6 +588,13 @@ def session_status(body: dict[str, Any], seen: Observed) -> AgentSessionStatus:
     degraded: tuple[ConditionStatus, str, str]
     if seen.ready:
         ready = ("True", "OwnerReady", f"owner pod {seen.owner} serves at epoch {seen.epoch}")
+    elif seen.phase == "Suspended":
+        why = "operatingMode is Suspended: set it to Running to resume"
+        if seen.suspension is not None and seen.suspension.reason == "Idle":
+            why = "idle: the next message wakes it"
+        ready = ("False", "Suspended", f"no owner runs ({why}); messages wait in the journal")
+    elif seen.phase == "Resuming":
+        ready = ("False", "Resuming", f"owner pod {seen.owner} starts at epoch {seen.epoch}")
     else:
         ready = ("False", "OwnerNotReady", f"owner pod {seen.owner or '(none yet)'} is not ready")
     if seen.active is not None:
@@ -523,6 +640,11 @@ def session_status(body: dict[str, Any], seen: Observed) -> AgentSessionStatus:
         seen_only["journal"] = seen.journal
     if seen.last is not None:
         seen_only["last_migration"] = seen.last
+    if (
+        seen.phase in ("Suspended", "Resuming")
+        or (body.get("status") or {}).get("suspension") is not None
+    ):
+        seen_only["suspension"] = seen.suspension  # set, or removed once it serves again
     return AgentSessionStatus(
         observed_generation=generation,
         phase=seen.phase,

@@ -9,6 +9,7 @@ import secrets
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
@@ -40,14 +41,24 @@ class GatewayProcess:
     """``start()`` launches and waits for ``/readyz``; ``stop()`` sends SIGTERM (or SIGKILL)."""
 
     def __init__(
-        self, workdir: Path, *, journal_url: str | None = None, port: int | None = None
+        self,
+        workdir: Path,
+        *,
+        journal_url: str | None = None,
+        port: int | None = None,
+        control_token: str | None = None,
+        extra_args: Sequence[str] = (),
+        host: str = "127.0.0.1",
     ) -> None:
+        """``control_token``: replicas of one deployment share one; ``extra_args`` are
+        passed on to ``shadowpod gateway``."""
         # Absolute: sqlite:/// + a relative path would name a file under the root.
         self.workdir = workdir.absolute()
         self.journal_url = journal_url or f"sqlite://{self.workdir / 'journal.db'}"
-        self.host = "127.0.0.1"
-        self.port = port or free_port()
-        self.control_token = secrets.token_urlsafe(24)
+        self.host = host
+        self.port = port or free_port(host)
+        self.control_token = control_token or secrets.token_urlsafe(24)
+        self.extra_args = tuple(extra_args)
         self.log = workdir / "gateway.log"
         self.process: asyncio.subprocess.Process | None = None
 
@@ -70,6 +81,7 @@ class GatewayProcess:
                 # Every agent, shadow and load client of a local run connects from
                 # this machine's address: a per-address limit would count them all.
                 "--max-connections-per-peer", "0",
+                *self.extra_args,
                 env={**os.environ, EXIT_WITH_PARENT_ENV: str(os.getpid())},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=sink,

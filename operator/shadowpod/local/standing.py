@@ -36,8 +36,10 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from shadowpod.client.gateway import GatewayError
 from shadowpod.engine.ports import ImageNotFound, InstanceSpec
 from shadowpod.engine.record import InstanceRef, MigrationRecord, Phase
+from shadowpod.local import suspension
 from shadowpod.local.deployment import LocalDeployment
 from shadowpod.local.images import ImageMap
 from shadowpod.sessions.tokens import new_owner_key
@@ -87,6 +89,7 @@ class StandingSession:
     owner: InstanceRef
     agent_token: str
     running: asyncio.Task[MigrationRecord] | None = None
+    suspended: bool = False
 
 
 class MigrationRefused(Exception):
@@ -117,6 +120,9 @@ class StandingDeployment:
         self.sessions: dict[str, StandingSession] = {}
         self.migrations: dict[str, MigrationRecord] = {}
         self._runner: web.AppRunner | None = None
+        # One suspend or resume at a time (a wake and `shadowpod resume` may race).
+        self._lifecycle = asyncio.Lock()
+        self._wakes = suspension.WakeListener(self.deployment, self._woken)
 
     @property
     def socket(self) -> Path:
@@ -185,6 +191,7 @@ class StandingDeployment:
 
     async def close(self) -> None:
         deployment_file(self.workdir).unlink(missing_ok=True)
+        await self._wakes.close()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -214,6 +221,7 @@ class StandingDeployment:
                     "owner": s.owner.name,
                     "image": s.owner.image,
                     "migrating": s.running is not None and not s.running.done(),
+                    "suspended": s.suspended,
                     "log": str(self.workdir / "instances" / s.owner.name / "agent.log"),
                 }
                 for s in self.sessions.values()
@@ -231,9 +239,64 @@ class StandingDeployment:
             ],
         }
 
+    async def suspend(self, session: str | None) -> dict[str, Any]:
+        """Suspend ``session``: its owner fenced out and stopped, messages kept."""
+        async with self._lifecycle:
+            standing = self._session(session)
+            if standing.running is not None and not standing.running.done():
+                raise MigrationRefused(
+                    "MigrationRunning",
+                    f"session {standing.name!r} is being migrated: suspend it once that ends",
+                    status=409,
+                )
+            if standing.suspended:
+                raise MigrationRefused(
+                    "AlreadySuspended", f"session {standing.name!r} is suspended", status=409
+                )
+            try:
+                snapshot = await suspension.suspend(self.deployment, standing.name, standing.owner)
+            except GatewayError as exc:
+                if exc.reason != "FenceTimeout":
+                    raise
+                raise MigrationRefused("OwnerBusy", f"{exc}", status=409) from exc
+            standing.suspended = True
+            self._write_deployment_file()
+            return {"session": standing.name, "suspended": True, "snapshot": snapshot}
+
+    async def resume_session(self, session: str | None) -> dict[str, Any]:
+        """A new owner for a suspended ``session``, answering what waited."""
+        async with self._lifecycle:
+            standing = self._session(session)
+            if not standing.suspended:
+                raise MigrationRefused(
+                    "NotSuspended", f"session {standing.name!r} is not suspended", status=409
+                )
+            return await self._resume(standing)
+
+    async def _resume(self, standing: StandingSession) -> dict[str, Any]:
+        standing.owner = await suspension.resume(
+            self.deployment, standing.name, standing.owner.image
+        )
+        standing.suspended = False
+        self._write_deployment_file()
+        return {"session": standing.name, "suspended": False, "owner": standing.owner.name}
+
+    async def _woken(self, session: str) -> None:
+        # Under the lock: a wake can come while the suspend that it follows still runs.
+        async with self._lifecycle:
+            standing = self.sessions.get(session)
+            if standing is not None and standing.suspended:
+                await self._resume(standing)
+
     def migrate(self, session: str | None, target: str) -> MigrationRecord:
         """Start a migration of ``session`` (the only one when ``None``) to ``target``."""
         standing = self._session(session)
+        if standing.suspended:
+            raise MigrationRefused(
+                "Suspended",
+                f"session {standing.name!r} is suspended: resume it first (shadowpod resume)",
+                status=409,
+            )
         if standing.running is not None and not standing.running.done():
             raise MigrationRefused(
                 "MigrationRunning",
@@ -301,10 +364,32 @@ class StandingDeployment:
         app.router.add_get("/status", _json(self._get_status))
         app.router.add_post("/migrations", _json(self._post_migration))
         app.router.add_get("/migrations/{id}", _json(self._get_migration))
+        app.router.add_post("/suspend", _json(self._post_suspend))
+        app.router.add_post("/resume", _json(self._post_resume))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         self.socket.unlink(missing_ok=True)
         await web.UnixSite(self._runner, str(self.socket)).start()
+        self._wakes.start()
+
+    async def _post_suspend(self, request: web.Request) -> tuple[int, Any]:
+        return await self._lifecycle_call(request, self.suspend)
+
+    async def _post_resume(self, request: web.Request) -> tuple[int, Any]:
+        return await self._lifecycle_call(request, self.resume_session)
+
+    async def _lifecycle_call(
+        self, request: web.Request, call: Callable[[str | None], Awaitable[dict[str, Any]]]
+    ) -> tuple[int, Any]:
+        try:
+            body = await request.json() if request.can_read_body else {}
+            session = body.get("session")
+        except (ValueError, AttributeError):
+            return 400, {"reason": "BadRequest", "message": 'send {"session": S} or nothing'}
+        try:
+            return 200, await call(None if session is None else str(session))
+        except MigrationRefused as exc:
+            return exc.status, {"reason": exc.reason, "message": str(exc)}
 
     async def _get_status(self, request: web.Request) -> tuple[int, Any]:
         return 200, self.status()

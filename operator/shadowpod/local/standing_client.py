@@ -83,3 +83,11 @@ class StandingClient:
         return MigrationRecord.model_validate(
             await self._call("GET", f"/migrations/{migration_id}")
         )
+
+    async def suspend(self, *, session: str | None = None) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call("POST", "/suspend", {"session": session})
+        return answer
+
+    async def resume(self, *, session: str | None = None) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._call("POST", "/resume", {"session": session})
+        return answer

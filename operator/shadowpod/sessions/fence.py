@@ -91,8 +91,17 @@ class ExchangeFence:
         self._idle_wait_s = idle_wait_s
 
     async def exchange(
-        self, session: str, *, expect_epoch: int, new_owner: str, timeout_s: float
+        self,
+        session: str,
+        *,
+        expect_epoch: int,
+        new_owner: str,
+        timeout_s: float,
+        then: FenceState = FenceState.OPEN,
     ) -> FenceOutcome:
+        """``then``: the new epoch's fence state — ``SUSPENDED`` hands the session to an
+        owner that is not started (a suspend): no pause is measured, it would be the
+        length of the suspension."""
         gate = await self._gates.get(session)
         async with gate.lock:
             current = await self._store.get_ownership(session)
@@ -117,22 +126,26 @@ class ExchangeFence:
                 waited = time.monotonic() - started
                 if acked < target:
                     raise FenceTimeout(session, waited_s=waited, released=target, acked=acked)
-                gate.watch_pause(expect_epoch + 1)
+                measured = then is FenceState.OPEN
+                if measured:
+                    gate.watch_pause(expect_epoch + 1)
                 bumped = await self._store.compare_and_set_ownership(
                     session,
                     expect_epoch,
-                    Ownership(epoch=expect_epoch + 1, owner=new_owner, fence=FenceState.OPEN),
+                    Ownership(epoch=expect_epoch + 1, owner=new_owner, fence=then),
                 )
                 committed = True
                 assert bumped.fence_seq is not None
                 await self._gates.epoch_changed(gate, bumped)
-                # Everything inbound after what was released, up to the bump, was held back.
-                held = await self._first_held_back(session, target, bumped.fence_seq)
-                gate.expect_pause(
-                    None
-                    if held is None
-                    else PauseTarget(bumped.epoch, held.seq, max(held.ts, fenced_at))
-                )
+                if measured:
+                    # Everything inbound after what was released, up to the bump, was
+                    # held back.
+                    held = await self._first_held_back(session, target, bumped.fence_seq)
+                    gate.expect_pause(
+                        None
+                        if held is None
+                        else PauseTarget(bumped.epoch, held.seq, max(held.ts, fenced_at))
+                    )
                 logger.info(
                     "fence exchanged",
                     extra={

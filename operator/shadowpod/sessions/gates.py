@@ -72,7 +72,8 @@ class SessionGate:
     ) -> None:
         self.session = session
         self.epoch = ownership.epoch
-        self.fenced = ownership.fence is FenceState.FENCED
+        # A suspended session releases nothing either, until it resumes.
+        self.fenced = ownership.fence is not FenceState.OPEN
         self.window = window
         # Inbound seqs released (or held from before) and not yet acked, in order.
         self._outstanding: deque[int] = deque(sorted(outstanding))
@@ -150,7 +151,8 @@ class SessionGate:
         them from its state, so a later fence must wait for them.
         """
         self.epoch = ownership.epoch
-        self.fenced = ownership.fence is FenceState.FENCED
+        # A suspended session releases nothing either, until it resumes.
+        self.fenced = ownership.fence is not FenceState.OPEN
         self._outstanding = deque(sorted(outstanding))
         if self._outstanding:
             self.released_through = max(self.released_through, self._outstanding[-1])

@@ -65,7 +65,8 @@ def check_labels(served: ServedResource, name: str, meta: Mapping[str, Any]) -> 
         if not isinstance(value, str):
             causes.append(f"Invalid value: {value!r}: a label value must be a string")
         elif len(value) > LABEL_VALUE_MAX:
-            causes.append(f'Invalid value: "{value}": must be no more than 63 characters')
+            # The API server counts bytes (k8s.io/apimachinery IsValidLabelValue).
+            causes.append(f'Invalid value: "{value}": must be no more than 63 bytes')
         elif not LABEL_VALUE.match(value):
             causes.append(f'Invalid value: "{value}": {_LABEL_VALUE_FORMAT}')
     if causes:

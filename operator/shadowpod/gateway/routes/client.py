@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Final
 
 from aiohttp import web
 from pydantic import JsonValue
@@ -22,6 +23,8 @@ from shadowpod.gateway.streams import EntryFilter, open_stream, pump, resume_poi
 from shadowpod.journal.store import JournalStore, Writer
 
 routes = web.RouteTableDef()
+# When a client whose message woke a session is told to look for the answer.
+WAKE_RETRY_AFTER_S: Final = 5
 
 
 @routes.post("/v1/sessions/{session}/messages", name="post_message")
@@ -30,6 +33,7 @@ async def post_message(request: web.Request) -> web.Response:
     gw.auth.client(request)
     session = session_of(request)
     body = await read_body(request, PostMessage)
+    wait_s = float_query(request, "wait", 0.0, maximum=gw.config.max_wait_s)
     payload: dict[str, JsonValue] = {"role": body.role, "content": body.content}
     if body.meta:
         payload["meta"] = body.meta
@@ -39,10 +43,22 @@ async def post_message(request: web.Request) -> web.Response:
     gw.metrics.appends.labels(source=source).inc(0 if appended.duplicate else 1)
     if appended.duplicate:
         gw.metrics.duplicates.labels(source=source).inc()
+    # A suspended session wakes on a message: the caller may wait (``wait``, seconds)
+    # for its owner to be up; else it is told when to look again.
+    waking = await gw.lifecycle.wake(session)
+    if waking:
+        waking = not (wait_s > 0 and await gw.lifecycle.wait_resumed(session, wait_s))
     accepted = Accepted(
-        session=session, seq=appended.seq, id=appended.id, duplicate=appended.duplicate
+        session=session,
+        seq=appended.seq,
+        id=appended.id,
+        duplicate=appended.duplicate,
+        waking=waking,
     )
-    return json_response(accepted, status=202)
+    response = json_response(accepted, status=202)
+    if waking:
+        response.headers["Retry-After"] = str(WAKE_RETRY_AFTER_S)
+    return response
 
 
 def kinds_filter(request: web.Request) -> EntryFilter | None:

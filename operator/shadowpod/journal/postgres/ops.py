@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import struct
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final
 
@@ -13,6 +15,7 @@ from psycopg.rows import TupleRow
 from psycopg.types.json import Jsonb
 
 from shadowpod.domain.entries import JournalEntry, NewEntry, named_turn
+from shadowpod.domain.errors import ShadowpodError
 from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.journal import codec
 from shadowpod.journal.errors import (
@@ -43,6 +46,7 @@ from shadowpod.journal.postgres.schema import (
 from shadowpod.journal.store import (
     MAX_SNAPSHOTS_PER_SESSION,
     Appended,
+    CompressedDocument,
     Retention,
     SessionInfo,
     Snapshot,
@@ -56,6 +60,9 @@ _SESSION_COLUMNS: Final = (
     "sid, name, created, meta, head, truncated_through, epoch, owner, fence, fence_seq, "
     "ownership_updated"
 )
+
+# Binary COPY's signature, flags and header extension (PostgreSQL's COPY, "Binary Format").
+_COPY_HEADER: Final = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 
 
 def _session_info(row: TupleRow) -> SessionInfo:
@@ -74,6 +81,72 @@ def _entry(
     seq: int, entry_id: str, kind: str, epoch: int, ts: datetime, payload: Any
 ) -> JournalEntry:
     return JournalEntry(seq, entry_id, kind, epoch, ts, payload)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingAppend:
+    """One caller's ``append``, as the group commit queues it."""
+
+    session: str
+    entries: Sequence[NewEntry]
+    owner_epoch: int | None
+    owner: str | None
+    scope: Writer
+
+    @property
+    def turns(self) -> list[int | None]:
+        return [named_turn(entry) for entry in self.entries]
+
+
+def append_refusal(
+    pending: PendingAppend, sqlstate: str | None, message: str | None, detail: str | None
+) -> ShadowpodError | None:
+    """The store's error for what ``append_entries`` raised; ``None`` when it is none
+    of the refusals the function raises on purpose."""
+    session, owner_epoch = pending.session, pending.owner_epoch
+    if sqlstate == SESSION_NOT_FOUND_CODE:
+        return SessionNotFound(session)
+    if sqlstate == FENCED_CODE:
+        return Fenced(session, epoch=owner_epoch or 0, current=int(message or -1))
+    if sqlstate == OWNER_MISMATCH_CODE:
+        return OwnerMismatch(
+            session,
+            epoch=owner_epoch or 0,
+            owner=pending.owner or "",
+            current_owner=message or None,
+        )
+    if sqlstate == IDEMPOTENCY_CONFLICT_CODE:
+        return IdempotencyConflict(
+            session, entry_id=message or "", seq=int(detail) if detail else None
+        )
+    if sqlstate in (TURN_BEYOND_HEAD_CODE, TURN_NOT_INBOUND_CODE):
+        turn = int(message or -1)
+        kinds = [e.kind for e, t in zip(pending.entries, pending.turns, strict=True) if t == turn]
+        return InvalidTurn(
+            session,
+            kind=kinds[0] if kinds else "",
+            turn=turn,
+            head=int(detail or -1),
+            beyond=sqlstate == TURN_BEYOND_HEAD_CODE,
+        )
+    return None
+
+
+def appended(
+    pending: PendingAppend,
+    rows: Sequence[tuple[int, bool, datetime | None]],
+    committed: list[JournalEntry],
+) -> list[Appended]:
+    """The results of one append from its rows (seq, duplicate, ts), in entry order;
+    the entries it journaled (not the repeats) are added to ``committed``."""
+    results: list[Appended] = []
+    epoch = 0 if pending.owner_epoch is None else pending.owner_epoch
+    for entry, (seq, duplicate, ts) in zip(pending.entries, rows, strict=True):
+        results.append(Appended(seq=seq, id=entry.id, duplicate=duplicate))
+        if not duplicate:
+            assert ts is not None
+            committed.append(JournalEntry(seq, entry.id, entry.kind, epoch, ts, entry.payload))
+    return results
 
 
 class Statements:
@@ -160,42 +233,54 @@ class Statements:
                 )
             ).fetchall()
         except psycopg.Error as exc:
-            if exc.sqlstate == SESSION_NOT_FOUND_CODE:
-                raise SessionNotFound(session) from None
-            if exc.sqlstate == FENCED_CODE:
-                current = int(exc.diag.message_primary or -1)
-                raise Fenced(session, epoch=owner_epoch or 0, current=current) from None
-            if exc.sqlstate == OWNER_MISMATCH_CODE:
-                raise OwnerMismatch(
-                    session,
-                    epoch=owner_epoch or 0,
-                    owner=owner or "",
-                    current_owner=exc.diag.message_primary or None,
-                ) from None
-            if exc.sqlstate == IDEMPOTENCY_CONFLICT_CODE:
-                raise IdempotencyConflict(
-                    session,
-                    entry_id=exc.diag.message_primary or "",
-                    seq=int(exc.diag.message_detail) if exc.diag.message_detail else None,
-                ) from None
-            if exc.sqlstate in (TURN_BEYOND_HEAD_CODE, TURN_NOT_INBOUND_CODE):
-                turn = int(exc.diag.message_primary or -1)
-                [kind] = [e.kind for e, t in zip(entries, turns, strict=True) if t == turn][:1]
-                raise InvalidTurn(
-                    session,
-                    kind=kind,
-                    turn=turn,
-                    head=int(exc.diag.message_detail or -1),
-                    beyond=exc.sqlstate == TURN_BEYOND_HEAD_CODE,
-                ) from None
-            raise
-        results: list[Appended] = []
-        epoch = 0 if owner_epoch is None else owner_epoch
-        for entry, (seq, duplicate, ts) in zip(entries, rows, strict=True):
-            results.append(Appended(seq=seq, id=entry.id, duplicate=duplicate))
-            if not duplicate:
-                committed.append(JournalEntry(seq, entry.id, entry.kind, epoch, ts, entry.payload))
-        return results
+            refused = append_refusal(
+                PendingAppend(session, entries, owner_epoch, owner, scope),
+                exc.sqlstate,
+                exc.diag.message_primary,
+                exc.diag.message_detail,
+            )
+            if refused is None:
+                raise
+            raise refused from None
+        return appended(PendingAppend(session, entries, owner_epoch, owner, scope), rows, committed)
+
+    async def append_batch(
+        self, conn: Conn, batch: Sequence[PendingAppend]
+    ) -> list[list[tuple[int, bool, datetime | None]] | tuple[str, str | None, str | None]]:
+        """Every append of ``batch`` in one statement (``append_batch``, one
+        transaction): per append, its rows (seq, duplicate, ts), or what refused it
+        (sqlstate, message, detail) — nothing of a refused append is journaled, and the
+        others are. The caller orders ``batch`` by session (see the SQL function)."""
+        cursor = await conn.execute(
+            f"SELECT o_append, o_seq, o_duplicate, o_ts, o_code, o_message, o_detail "
+            f"FROM {self.s}.append_batch(%s::text[], %s::bigint[], %s::text[], "
+            "%s::smallint[], %s::integer[], %s::text[], %s::text[], %s::jsonb[], "
+            "%s::bigint[], %s, %s)",
+            (
+                [p.session for p in batch],
+                [p.owner_epoch for p in batch],
+                [p.owner for p in batch],
+                [int(p.scope) for p in batch],
+                [len(p.entries) for p in batch],
+                [e.id for p in batch for e in p.entries],
+                [e.kind for p in batch for e in p.entries],
+                [Jsonb(e.payload) for p in batch for e in p.entries],
+                [t for p in batch for t in p.turns],
+                self.channel,
+                self.token,
+            ),
+        )
+        outcomes: list[
+            list[tuple[int, bool, datetime | None]] | tuple[str, str | None, str | None]
+        ] = [[] for _ in batch]
+        for index, seq, duplicate, ts, code, message, detail in await cursor.fetchall():
+            outcome = outcomes[index - 1]
+            if code is not None:
+                outcomes[index - 1] = (code, message, detail)
+            else:
+                assert isinstance(outcome, list)
+                outcome.append((seq, duplicate, ts))
+        return outcomes
 
     async def read(self, conn: Conn, session: str, after: int, limit: int) -> list[JournalEntry]:
         # One statement, one snapshot: the truncation point and the entries agree.
@@ -250,8 +335,11 @@ class Statements:
         expect_epoch: int,
         new: Ownership,
         committed: list[JournalEntry],
+        check_lease: Callable[[Conn, str], Awaitable[None]] | None = None,
     ) -> Ownership:
         row = await self._row(conn, session, lock=True)
+        if check_lease is not None:  # under the session's lock, in this transaction
+            await check_lease(conn, session)
         current = _ownership(row)
         if current.epoch != expect_epoch:
             raise EpochConflict(session, expected=expect_epoch, current=current)
@@ -315,10 +403,14 @@ class Statements:
         session: str,
         watermark: int,
         schema_version: int,
-        blob: bytes,
+        blob: bytes | CompressedDocument,
         owner_epoch: int | None = None,
         owner: str | None = None,
     ) -> SnapshotInfo:
+        """``blob``: the compressed document, or a file of it, streamed to the server
+        (binary COPY into a table of this transaction) before the session is locked."""
+        if isinstance(blob, CompressedDocument):
+            await self._copy_in(conn, blob)
         row = await self._row(conn, session, lock=True)
         sid = row[0]
         check_writer(session, row[6], row[7], owner_epoch, owner)
@@ -335,13 +427,16 @@ class Statements:
         ).fetchone()
         if newer is not None and newer[0] >= MAX_SNAPSHOTS_PER_SESSION:
             raise SnapshotTooOld(session, watermark=watermark, kept=MAX_SNAPSHOTS_PER_SESSION)
+        streamed = isinstance(blob, CompressedDocument)
+        data = "(SELECT data FROM pg_temp.snapshot_upload)" if streamed else "%s"
         created = await (
             await conn.execute(
                 f"INSERT INTO {self.s}.snapshots (sid, watermark, schema_version, created, data) "
-                "VALUES (%s, %s, %s, clock_timestamp(), %s) ON CONFLICT (sid, watermark) DO UPDATE "
+                f"VALUES (%s, %s, %s, clock_timestamp(), {data}) "
+                "ON CONFLICT (sid, watermark) DO UPDATE "
                 "SET schema_version = excluded.schema_version, created = excluded.created, "
                 "data = excluded.data RETURNING created",
-                (sid, watermark, schema_version, blob),
+                (sid, watermark, schema_version) + (() if streamed else (blob,)),
             )
         ).fetchone()
         assert created is not None
@@ -355,9 +450,21 @@ class Statements:
             session=session,
             watermark=watermark,
             schema_version=schema_version,
-            size_bytes=len(blob),
+            size_bytes=blob.size_bytes if isinstance(blob, CompressedDocument) else len(blob),
             created=created[0],
         )
+
+    async def _copy_in(self, conn: Conn, document: CompressedDocument) -> None:
+        """``document`` into ``pg_temp.snapshot_upload`` (dropped at the transaction's
+        end), a piece at a time: binary COPY takes a value's length up front and its
+        bytes as they come, where a bound parameter would be the whole value."""
+        await conn.execute("CREATE TEMP TABLE snapshot_upload (data bytea) ON COMMIT DROP")
+        cursor = conn.cursor()
+        async with cursor.copy("COPY snapshot_upload (data) FROM STDIN (FORMAT BINARY)") as copy:
+            await copy.write(_COPY_HEADER + struct.pack(">hi", 1, document.size_bytes))
+            for piece in document.pieces():
+                await copy.write(piece)
+            await copy.write(struct.pack(">h", -1))
 
     async def get_snapshot(self, conn: Conn, session: str, watermark: int | None) -> Snapshot:
         sid = (await self._row(conn, session, lock=False))[0]

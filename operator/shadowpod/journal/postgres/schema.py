@@ -10,6 +10,7 @@ from psycopg.rows import TupleRow
 
 from shadowpod.domain.errors import SchemaTooNew
 from shadowpod.journal.ownership import TRIGGER_MESSAGE
+from shadowpod.journal.postgres import leases
 
 STORE_SCHEMA_VERSION: Final = 2
 _SCHEMA_NAME: Final = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -61,7 +62,9 @@ def ddl(s: str) -> list[str]:
         # The version-1 function (no scope, no owner): replaced, not overloaded.
         f"DROP FUNCTION IF EXISTS {s}.append_entries("
         "text, bigint, text[], text[], jsonb[], bigint[], text, text)",
+        _append_checked_function(s),
         _append_function(s),
+        _append_batch_function(s),
         *_ownership_trigger(s),
         f"""CREATE TABLE IF NOT EXISTS {s}.snapshots (
             sid bigint NOT NULL,
@@ -70,6 +73,8 @@ def ddl(s: str) -> list[str]:
             created timestamptz NOT NULL,
             data bytea NOT NULL,
             PRIMARY KEY (sid, watermark))""",
+        # Added in place (no version bump): a store that does not know it ignores it.
+        leases.ddl(s),
     ]
 
 
@@ -109,11 +114,8 @@ $fn$""",
 def _append_function(s: str) -> str:
     """One append in one statement: a single round trip instead of seven.
 
-    The session row lock serialises writers of a session across processes; the epoch
-    check happens under that lock, in the same transaction as the inserts, and so does
-    the check of the turns the entries name (``p_turns``, ``domain.entries.named_turn``
-    of each): each is an inbound entry already journaled (or removed by retention,
-    which removes acked turns only). The inbound test is ``domain.entries.is_inbound``.
+    ``append_checked`` does the work and returns what refused the append (nothing of it
+    written) instead of raising; this wrapper raises it, with the SQLSTATEs above.
     """
     return f"""
 CREATE OR REPLACE FUNCTION {s}.append_entries(
@@ -122,9 +124,43 @@ CREATE OR REPLACE FUNCTION {s}.append_entries(
 RETURNS TABLE (o_seq bigint, o_duplicate boolean, o_ts timestamptz)
 LANGUAGE plpgsql AS $fn$
 DECLARE
+    r record;
+BEGIN
+    SELECT * INTO r FROM {s}.append_checked(p_session, p_owner_epoch, p_owner, p_scope,
+        p_ids, p_kinds, p_payloads, p_turns, p_channel, p_note);
+    IF r.o_code IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = r.o_code, MESSAGE = r.o_message,
+            DETAIL = coalesce(r.o_detail, '');
+    END IF;
+    RETURN QUERY SELECT u.seq, u.duplicate, CASE WHEN u.duplicate THEN NULL ELSE r.o_ts END
+        FROM unnest(r.o_seqs, r.o_duplicates) AS u(seq, duplicate);
+END
+$fn$"""
+
+
+def _append_checked_function(s: str) -> str:
+    """The append itself, *check, then write*: every refusal is found before anything
+    is written and returned (``o_code``, ``o_message``, ``o_detail``) rather than
+    raised, so a batch of appends needs no subtransaction per append (beyond 64 in one
+    transaction, they slow every other backend's snapshots).
+
+    The session row lock serialises writers of a session across processes; the epoch
+    check happens under that lock, in the same transaction as the inserts, and so does
+    the check of the turns the entries name (``p_turns``, ``domain.entries.named_turn``
+    of each): each is an inbound entry already journaled (or removed by retention,
+    which removes acked turns only). The inbound test is ``domain.entries.is_inbound``.
+    """
+    return f"""
+CREATE OR REPLACE FUNCTION {s}.append_checked(
+    p_session text, p_owner_epoch bigint, p_owner text, p_scope smallint, p_ids text[],
+    p_kinds text[], p_payloads jsonb[], p_turns bigint[], p_channel text, p_note text,
+    OUT o_seqs bigint[], OUT o_duplicates boolean[], OUT o_ts timestamptz,
+    OUT o_code text, OUT o_message text, OUT o_detail text)
+LANGUAGE plpgsql AS $fn$
+DECLARE
     v_sid bigint;
     v_head bigint;
-    v_start bigint;
+    v_next bigint;
     v_epoch bigint;
     v_owner text;
     v_truncated bigint;
@@ -133,70 +169,150 @@ DECLARE
     v_kind text;
     v_payload jsonb;
     v_entry_epoch bigint;
-    v_ts timestamptz := clock_timestamp();
+    v_earlier integer;
+    v_count integer := coalesce(array_length(p_ids, 1), 0);
 BEGIN
+    o_seqs := '{{}}'; o_duplicates := '{{}}';
     SELECT s.sid, s.head, s.epoch, s.owner, s.truncated_through
       INTO v_sid, v_head, v_epoch, v_owner, v_truncated
       FROM {s}.sessions s WHERE s.name = p_session FOR UPDATE;
     IF NOT FOUND THEN
-        RAISE EXCEPTION USING ERRCODE = '{SESSION_NOT_FOUND_CODE}', MESSAGE = p_session;
+        o_code := '{SESSION_NOT_FOUND_CODE}'; o_message := p_session;
+        RETURN;
     END IF;
     IF p_owner_epoch IS NOT NULL AND p_owner_epoch <> v_epoch THEN
-        RAISE EXCEPTION USING ERRCODE = '{FENCED_CODE}', MESSAGE = v_epoch::text;
+        o_code := '{FENCED_CODE}'; o_message := v_epoch::text;
+        RETURN;
     END IF;
     IF p_owner_epoch IS NOT NULL AND p_owner IS NOT NULL
        AND p_owner IS DISTINCT FROM v_owner THEN
-        RAISE EXCEPTION USING ERRCODE = '{OWNER_MISMATCH_CODE}',
-            MESSAGE = coalesce(v_owner, '');
+        o_code := '{OWNER_MISMATCH_CODE}'; o_message := coalesce(v_owner, '');
+        RETURN;
     END IF;
     FOR v_turn IN SELECT DISTINCT t FROM unnest(p_turns) AS t WHERE t IS NOT NULL LOOP
         IF v_turn > v_head THEN
-            RAISE EXCEPTION USING ERRCODE = '{TURN_BEYOND_HEAD_CODE}',
-                MESSAGE = v_turn::text, DETAIL = v_head::text;
+            o_code := '{TURN_BEYOND_HEAD_CODE}'; o_message := v_turn::text;
+            o_detail := v_head::text;
+            RETURN;
         END IF;
         IF v_turn > v_truncated AND NOT EXISTS (
             SELECT 1 FROM {s}.entries e
              WHERE e.sid = v_sid AND e.seq = v_turn AND e.epoch = 0 AND (
                    (e.kind = 'message' AND e.payload ->> 'role' IN ('user', 'system'))
                    OR (e.kind = 'schedule' AND e.payload ->> 'op' = 'fire'))) THEN
-            RAISE EXCEPTION USING ERRCODE = '{TURN_NOT_INBOUND_CODE}',
-                MESSAGE = v_turn::text, DETAIL = v_head::text;
+            o_code := '{TURN_NOT_INBOUND_CODE}'; o_message := v_turn::text;
+            o_detail := v_head::text;
+            RETURN;
         END IF;
     END LOOP;
-    v_start := v_head;
-    FOR i IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
+    v_next := v_head;
+    FOR i IN 1 .. v_count LOOP
         -- A key names one entry of its writer's scope: a repeat with other content is
-        -- refused (the whole statement, so nothing is journaled), but an owner redoing
-        -- a turn an older epoch's owner journaled yields to what stands.
+        -- refused (the whole append, so nothing is journaled), but an owner redoing a
+        -- turn an older epoch's owner journaled yields to what stands. An earlier entry
+        -- of this same append counts as journaled.
         SELECT e.seq, e.kind, e.payload, e.epoch
           INTO v_existing, v_kind, v_payload, v_entry_epoch
           FROM {s}.entries e WHERE e.sid = v_sid AND e.scope = p_scope AND e.id = p_ids[i];
-        IF FOUND THEN
+        IF NOT FOUND THEN
+            v_earlier := array_position(p_ids[1:i - 1], p_ids[i]);
+            IF v_earlier IS NOT NULL THEN
+                v_existing := o_seqs[v_earlier]; v_kind := p_kinds[v_earlier];
+                v_payload := p_payloads[v_earlier];
+                v_entry_epoch := coalesce(p_owner_epoch, 0);
+            END IF;
+        END IF;
+        IF v_existing IS NOT NULL THEN
             IF (v_kind <> p_kinds[i] OR v_payload <> p_payloads[i])
                AND NOT (p_scope = 0 AND v_entry_epoch < p_owner_epoch) THEN
-                RAISE EXCEPTION USING ERRCODE = '{IDEMPOTENCY_CONFLICT_CODE}',
-                    MESSAGE = p_ids[i], DETAIL = v_existing::text;
+                o_code := '{IDEMPOTENCY_CONFLICT_CODE}'; o_message := p_ids[i];
+                o_detail := v_existing::text;
+                o_seqs := '{{}}'; o_duplicates := '{{}}';
+                RETURN;
             END IF;
-            o_seq := v_existing; o_duplicate := true; o_ts := NULL;
-            RETURN NEXT;
-            CONTINUE;
+            o_seqs := o_seqs || v_existing; o_duplicates := o_duplicates || true;
+        ELSE
+            v_next := v_next + 1;
+            o_seqs := o_seqs || v_next; o_duplicates := o_duplicates || false;
         END IF;
-        v_head := v_head + 1;
-        INSERT INTO {s}.entries (sid, seq, id, kind, epoch, ts, payload, scope)
-            VALUES (v_sid, v_head, p_ids[i], p_kinds[i], coalesce(p_owner_epoch, 0), v_ts,
-                    p_payloads[i], p_scope);
-        IF p_kinds[i] = 'ack' AND p_owner_epoch IS NOT NULL THEN
-            INSERT INTO {s}.acks AS a (sid, epoch, seq)
-                VALUES (v_sid, p_owner_epoch, (p_payloads[i] ->> 'turn')::bigint)
-                ON CONFLICT (sid, epoch) DO UPDATE SET seq = greatest(a.seq, excluded.seq);
-        END IF;
-        o_seq := v_head; o_duplicate := false; o_ts := v_ts;
-        RETURN NEXT;
+        v_existing := NULL;
     END LOOP;
-    IF v_head <> v_start THEN
-        UPDATE {s}.sessions SET head = v_head WHERE sid = v_sid;
-        PERFORM pg_notify(p_channel, p_note);
+    IF v_next = v_head THEN
+        RETURN;
     END IF;
+    o_ts := clock_timestamp();
+    INSERT INTO {s}.entries (sid, seq, id, kind, epoch, ts, payload, scope)
+        SELECT v_sid, u.seq, u.id, u.kind, coalesce(p_owner_epoch, 0), o_ts, u.payload,
+               p_scope
+          FROM unnest(o_seqs, o_duplicates, p_ids, p_kinds, p_payloads)
+               AS u(seq, duplicate, id, kind, payload)
+         WHERE NOT u.duplicate;
+    IF p_owner_epoch IS NOT NULL THEN
+        FOR i IN 1 .. v_count LOOP
+            IF p_kinds[i] = 'ack' AND NOT o_duplicates[i] THEN
+                INSERT INTO {s}.acks AS a (sid, epoch, seq)
+                    VALUES (v_sid, p_owner_epoch, (p_payloads[i] ->> 'turn')::bigint)
+                    ON CONFLICT (sid, epoch) DO UPDATE SET seq = greatest(a.seq, excluded.seq);
+            END IF;
+        END LOOP;
+    END IF;
+    UPDATE {s}.sessions SET head = v_next WHERE sid = v_sid;
+    PERFORM pg_notify(p_channel, p_note);
+END
+$fn$"""
+
+
+def _append_batch_function(s: str) -> str:
+    """Many appends (of any sessions) in one statement, so in one transaction and one
+    WAL flush: the group commit of ``journal/postgres/group_commit.py``.
+
+    Append ``i`` is ``append_checked`` over its slice of the flat entry arrays
+    (``p_counts[i]`` entries): an append refused (fenced, a conflicting id, a missing
+    session...) writes nothing and is reported in its row (``o_code``, ``o_message``,
+    ``o_detail``: what ``append_entries`` would raise), and the others of the batch are
+    journaled all the same. The caller orders the appends by session, so that
+    concurrent batches take session row locks in one order.
+
+    Its statements (and ``append_checked``'s under it) run with generic plans: the
+    store's connections force custom plans (``postgres/store.py``), which re-planned
+    every statement of every append and cost two thirds of a batch's time. Each of them
+    looks rows up by a primary or unique key, for which the generic plan is an index
+    scan even on an empty table: the plan a tiny journal made cannot go stale.
+    """
+    return f"""
+CREATE OR REPLACE FUNCTION {s}.append_batch(
+    p_sessions text[], p_owner_epochs bigint[], p_owners text[], p_scopes smallint[],
+    p_counts integer[], p_ids text[], p_kinds text[], p_payloads jsonb[], p_turns bigint[],
+    p_channel text, p_token text)
+RETURNS TABLE (o_append integer, o_seq bigint, o_duplicate boolean, o_ts timestamptz,
+               o_code text, o_message text, o_detail text)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
+DECLARE
+    v_start integer := 1;
+    v_end integer;
+    r record;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_sessions, 1), 0) LOOP
+        v_end := v_start + p_counts[i] - 1;
+        r := {s}.append_checked(
+            p_sessions[i], p_owner_epochs[i], p_owners[i], p_scopes[i],
+            p_ids[v_start:v_end], p_kinds[v_start:v_end], p_payloads[v_start:v_end],
+            p_turns[v_start:v_end], p_channel, p_token || ':' || p_sessions[i]);
+        o_append := i;
+        IF r.o_code IS NOT NULL THEN
+            o_seq := NULL; o_duplicate := NULL; o_ts := NULL;
+            o_code := r.o_code; o_message := r.o_message; o_detail := r.o_detail;
+            RETURN NEXT;
+        ELSE
+            o_code := NULL; o_message := NULL; o_detail := NULL;
+            FOR j IN 1 .. coalesce(array_length(r.o_seqs, 1), 0) LOOP
+                o_seq := r.o_seqs[j]; o_duplicate := r.o_duplicates[j];
+                o_ts := CASE WHEN r.o_duplicates[j] THEN NULL ELSE r.o_ts END;
+                RETURN NEXT;
+            END LOOP;
+        END IF;
+        v_start := v_end + 1;
+    END LOOP;
 END
 $fn$"""
 

@@ -8,7 +8,8 @@ raw row throughput but ships no type information and its own protocol quirks.
 Every write of a session takes that session's row lock (``SELECT ... FOR UPDATE``)
 first: two gateway replicas appending to one session queue behind each other, so seqs
 stay gap-free, and the epoch check reads the epoch under the same lock as the write.
-PostgreSQL's own group commit shares the WAL flush of concurrent transactions.
+Appends go through a group commit (``group_commit.py``): the appends of many sessions
+share one statement, one transaction and one WAL flush.
 """
 
 from __future__ import annotations
@@ -45,10 +46,13 @@ from shadowpod.journal.errors import (
 )
 from shadowpod.journal.followers import Followers
 from shadowpod.journal.postgres import ops
+from shadowpod.journal.postgres.group_commit import GroupCommit, Outcome
+from shadowpod.journal.postgres.leases import PostgresLeases
 from shadowpod.journal.postgres.listener import NotificationListener
 from shadowpod.journal.postgres.schema import check_schema_name, init_schema
 from shadowpod.journal.store import (
     Appended,
+    CompressedDocument,
     Retention,
     SessionInfo,
     Snapshot,
@@ -90,6 +94,8 @@ class PostgresJournalStore:
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._listener: NotificationListener | None = None
         self._ops = ops.Statements(self.schema, self._channel, self._token)
+        self._group: GroupCommit | None = None
+        self.leases = PostgresLeases(self.schema, self._conn)
 
     def __repr__(self) -> str:
         return f"PostgresJournalStore(schema={self.schema!r})"
@@ -119,10 +125,14 @@ class PostgresJournalStore:
             open=False,
         )
         await self._pool.open(wait=True)
+        self._group = GroupCommit(self._append_batch, self._append_alone, self._hub.publish)
         self._listener = NotificationListener(self.dsn, self._channel, self._token, self._hub)
         await self._listener.start()
 
     async def close(self) -> None:
+        if self._group is not None:
+            await self._group.close()
+            self._group = None
         self._hub.wake_all()
         if self._listener is not None:
             await self._listener.stop()
@@ -189,14 +199,33 @@ class PostgresJournalStore:
         writer: Writer = Writer.GATEWAY,
     ) -> list[Appended]:
         check_owner_epoch(owner_epoch)
+        if self._group is None:
+            raise RuntimeError(f"{self!r} is not open")
+        scope = Writer.OWNER if owner_epoch is not None else writer
+        # Durable once the future resolves: its batch has committed (``group_commit``).
+        return await self._group.submit(
+            ops.PendingAppend(session, list(entries), owner_epoch, owner, scope)
+        )
+
+    async def _append_batch(self, batch: Sequence[ops.PendingAppend]) -> list[Outcome]:
+        # One statement, its own transaction (autocommit): see ``append_batch``.
+        async with self._conn() as conn:
+            return await self._ops.append_batch(conn, batch)
+
+    async def _append_alone(self, pending: ops.PendingAppend) -> list[Appended]:
         committed: list[JournalEntry] = []
-        # One statement, its own transaction (autocommit): see ``append_entries``.
         async with self._conn() as conn:
             results = await self._ops.append(
-                conn, session, entries, owner_epoch, committed, owner=owner, writer=writer
+                conn,
+                pending.session,
+                pending.entries,
+                pending.owner_epoch,
+                committed,
+                owner=pending.owner,
+                writer=pending.scope,
             )
         if committed:
-            self._hub.publish(session, committed)
+            self._hub.publish(pending.session, committed)
         return results
 
     async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
@@ -235,7 +264,7 @@ class PostgresJournalStore:
         committed: list[JournalEntry] = []
         async with self._tx() as conn:
             result = await self._ops.compare_and_set_ownership(
-                conn, session, expect_epoch, new, committed
+                conn, session, expect_epoch, new, committed, self.leases.check_held
             )
         if committed:
             self._hub.publish(session, committed)
@@ -253,14 +282,18 @@ class PostgresJournalStore:
         *,
         watermark: int,
         schema_version: int,
-        document_json: bytes,
+        document_json: bytes | CompressedDocument,
         owner_epoch: int | None = None,
         owner: str | None = None,
     ) -> SnapshotInfo:
         check_seq("watermark", watermark)
         check_schema_version(schema_version)
         check_owner_epoch(owner_epoch)
-        blob = await asyncio.to_thread(codec.compress_document, document_json)
+        blob = (
+            document_json
+            if isinstance(document_json, CompressedDocument)
+            else await asyncio.to_thread(codec.compress_document, document_json)
+        )
         async with self._tx() as conn:
             return await self._ops.put_snapshot(
                 conn, session, watermark, schema_version, blob, owner_epoch, owner

@@ -20,6 +20,7 @@ from shadowpod.journal.sqlite.sql import session_row
 from shadowpod.journal.sqlite.writer import WriteTx
 from shadowpod.journal.store import (
     MAX_SNAPSHOTS_PER_SESSION,
+    CompressedDocument,
     Retention,
     Snapshot,
     SnapshotInfo,
@@ -31,10 +32,12 @@ def put_snapshot(
     session: str,
     watermark: int,
     schema_version: int,
-    blob: bytes,
+    blob: bytes | CompressedDocument,
     owner_epoch: int | None = None,
     owner: str | None = None,
 ) -> SnapshotInfo:
+    """``blob``: the compressed document, or a file of it, written into the row a
+    piece at a time (run such a write off the event loop: ``alone``)."""
     row = session_row(tx.conn, session)
     sid = row["sid"]
     check_writer(session, row["epoch"], row["owner"], owner_epoch, owner)
@@ -48,11 +51,21 @@ def put_snapshot(
     ).fetchone()
     if newer >= MAX_SNAPSHOTS_PER_SESSION:
         raise SnapshotTooOld(session, watermark=watermark, kept=MAX_SNAPSHOTS_PER_SESSION)
-    tx.conn.execute(
+    if isinstance(blob, bytes):
+        data: bytes | int = blob
+        size = len(blob)
+    else:
+        data = size = blob.size_bytes
+    cursor = tx.conn.execute(
         "INSERT OR REPLACE INTO snapshots (sid, watermark, schema_version, created_us, data) "
-        "VALUES (?, ?, ?, ?, ?)",
-        (sid, watermark, schema_version, tx.now_us, blob),
+        f"VALUES (?, ?, ?, ?, {'?' if isinstance(data, bytes) else 'zeroblob(?)'})",
+        (sid, watermark, schema_version, tx.now_us, data),
     )
+    if isinstance(blob, CompressedDocument):
+        assert cursor.lastrowid is not None
+        with tx.conn.blobopen("snapshots", "data", cursor.lastrowid) as stored:
+            for piece in blob.pieces():
+                stored.write(piece)
     tx.conn.execute(
         "DELETE FROM snapshots WHERE sid = ? AND watermark NOT IN "
         "(SELECT watermark FROM snapshots WHERE sid = ? ORDER BY watermark DESC LIMIT ?)",
@@ -62,7 +75,7 @@ def put_snapshot(
         session=session,
         watermark=watermark,
         schema_version=schema_version,
-        size_bytes=len(blob),
+        size_bytes=size,
         created=tx.now,
     )
 

@@ -36,7 +36,7 @@ from shadowpod.journal.ownership import TRIGGER_MESSAGE, epoch_marker, validate_
 from shadowpod.journal.sqlite.writer import WriteTx
 from shadowpod.journal.store import Appended, SessionInfo, Writer
 
-STORE_SCHEMA_VERSION: Final = 2
+STORE_SCHEMA_VERSION: Final = 3
 
 _DDL: Final = """
 CREATE TABLE IF NOT EXISTS shadowpod_meta (
@@ -76,13 +76,14 @@ CREATE TABLE IF NOT EXISTS acks (
     PRIMARY KEY (sid, epoch)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS snapshots (
+    rid INTEGER PRIMARY KEY,
     sid INTEGER NOT NULL,
     watermark INTEGER NOT NULL,
     schema_version INTEGER NOT NULL,
     created_us INTEGER NOT NULL,
     data BLOB NOT NULL,
-    PRIMARY KEY (sid, watermark)
-) WITHOUT ROWID;
+    UNIQUE (sid, watermark)
+);
 """
 
 # The fence guarantee, kept by the database for every update of the ownership record
@@ -121,6 +122,25 @@ _TO_V2: Final = (
 )
 
 
+# Version 2 to 3: snapshots get a rowid, so that a large one is written into its row a
+# piece at a time (incremental blob I/O needs one) instead of bound whole.
+_TO_V3: Final = (
+    """CREATE TABLE snapshots_v3 (
+    rid INTEGER PRIMARY KEY,
+    sid INTEGER NOT NULL,
+    watermark INTEGER NOT NULL,
+    schema_version INTEGER NOT NULL,
+    created_us INTEGER NOT NULL,
+    data BLOB NOT NULL,
+    UNIQUE (sid, watermark)
+)""",
+    "INSERT INTO snapshots_v3 (sid, watermark, schema_version, created_us, data) "
+    "SELECT sid, watermark, schema_version, created_us, data FROM snapshots",
+    "DROP TABLE snapshots",
+    "ALTER TABLE snapshots_v3 RENAME TO snapshots",
+)
+
+
 def init_schema(conn: sqlite3.Connection) -> None:
     """Create the tables, or check that an existing database is one we can read (and
     bring one of an older version up to this one)."""
@@ -141,6 +161,10 @@ def init_schema(conn: sqlite3.Connection) -> None:
             if found < 2:
                 for statement in _TO_V2:
                     conn.execute(statement)
+            if found < 3:
+                for statement in _TO_V3:
+                    conn.execute(statement)
+            if found < STORE_SCHEMA_VERSION:
                 conn.execute(
                     "UPDATE shadowpod_meta SET value = ? WHERE key = 'schema_version'",
                     (str(STORE_SCHEMA_VERSION),),

@@ -36,6 +36,7 @@ from shadowpod.journal.sqlite.open_failure import open_failure
 from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
 from shadowpod.journal.store import (
     Appended,
+    CompressedDocument,
     Retention,
     SessionInfo,
     Snapshot,
@@ -167,11 +168,11 @@ class SQLiteJournalStore:
 
     # --- plumbing ---------------------------------------------------------------------
 
-    async def _write(self, session: str, fn: Callable[[WriteTx], T]) -> T:
+    async def _write(self, session: str, fn: Callable[[WriteTx], T], *, alone: bool = False) -> T:
         if self._writer is None:
             raise RuntimeError(f"{self!r} is not open")
         try:
-            return await self._writer.submit(session, fn)
+            return await self._writer.submit(session, fn, alone=alone)
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode == sqlite3.SQLITE_FULL:
                 raise StoreFull(exc) from None
@@ -290,13 +291,23 @@ class SQLiteJournalStore:
         *,
         watermark: int,
         schema_version: int,
-        document_json: bytes,
+        document_json: bytes | CompressedDocument,
         owner_epoch: int | None = None,
         owner: str | None = None,
     ) -> SnapshotInfo:
         check_seq("watermark", watermark)
         check_schema_version(schema_version)
         check_owner_epoch(owner_epoch)
+        if isinstance(document_json, CompressedDocument):
+            # Copied from its file on the commit thread: the loop goes on serving.
+            compressed = document_json
+            return await self._write(
+                session,
+                lambda tx: snapshot_sql.put_snapshot(
+                    tx, session, watermark, schema_version, compressed, owner_epoch, owner
+                ),
+                alone=True,
+            )
         # Compressed on a thread before it is submitted: the batch's SQL runs on the
         # event loop, and a large snapshot would hold up every other session's appends.
         blob = await asyncio.to_thread(codec.compress_document, document_json)

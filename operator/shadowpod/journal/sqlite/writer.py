@@ -65,12 +65,15 @@ CommitListener = Callable[[str, list[JournalEntry]], None]
 
 
 class _Write(Generic[T]):
-    __slots__ = ("committed", "error", "fn", "future", "outcome", "session")
+    __slots__ = ("alone", "committed", "error", "fn", "future", "outcome", "session")
 
-    def __init__(self, session: str, fn: WriteFn[T], future: asyncio.Future[T]) -> None:
+    def __init__(
+        self, session: str, fn: WriteFn[T], future: asyncio.Future[T], *, alone: bool = False
+    ) -> None:
         self.session = session
         self.fn = fn
         self.future = future
+        self.alone = alone
         self.committed: list[JournalEntry] = []
         self.outcome: Any = None
         self.error: BaseException | None = None
@@ -128,12 +131,16 @@ class GroupCommitWriter:
             self._conn.close()
             self._conn = None
 
-    def submit(self, session: str, fn: WriteFn[T]) -> asyncio.Future[T]:
-        """Queue ``fn`` for the next batch; the future resolves once it is durable."""
+    def submit(self, session: str, fn: WriteFn[T], *, alone: bool = False) -> asyncio.Future[T]:
+        """Queue ``fn`` for the next batch; the future resolves once it is durable.
+
+        ``alone``: a long write (a large snapshot copied in from a file) runs in its own
+        transaction on the commit thread, never on the event loop, which goes on
+        serving meanwhile (other writes wait for the database, not for the loop)."""
         if self._conn is None or self._closed:
             raise RuntimeError("the journal store is closed")
         future: asyncio.Future[T] = self._loop.create_future()
-        self._queue.append(_Write(session, fn, future))
+        self._queue.append(_Write(session, fn, future, alone=alone))
         if not self._in_flight:
             # Writes submitted in this turn of the loop join the batch.
             self._in_flight = True
@@ -148,8 +155,15 @@ class GroupCommitWriter:
             return
         conn = self._conn
         assert conn is not None
-        batch = [self._queue.popleft() for _ in range(min(len(self._queue), self._max_batch))]
         started = time.monotonic()
+        if self._queue[0].alone:
+            batch = [self._queue.popleft()]
+            finishing = self._loop.run_in_executor(self._committer, self._commit_each, batch)
+            finishing.add_done_callback(lambda done: self._committed(batch, started, done))
+            return
+        batch = []
+        while self._queue and len(batch) < self._max_batch and not self._queue[0].alone:
+            batch.append(self._queue.popleft())
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.Error:

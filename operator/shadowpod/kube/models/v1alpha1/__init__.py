@@ -46,10 +46,13 @@ from shadowpod.kube.models.v1alpha1.session import (
     JournalStatus,
     MemoryVolume,
     MigrationSummary,
+    OperatingMode,
     Schedule,
     SecretReference,
     SessionCondition,
     SessionPhase,
+    SuspendReason,
+    Suspension,
 )
 from shadowpod.kube.models.v1alpha1.validation import (
     Disagreement,
@@ -114,6 +117,7 @@ __all__ = [
     "MigrationSummary",
     "MigrationTarget",
     "OnDrift",
+    "OperatingMode",
     "PauseStep",
     "PersonaJudge",
     "PersonaPolicy",
@@ -128,6 +132,8 @@ __all__ = [
     "SessionPhase",
     "SessionReference",
     "SnapshotStatus",
+    "SuspendReason",
+    "Suspension",
     "ValidationPolicy",
     "ValidationStatus",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, ClassVar, Final, Literal
 
@@ -174,6 +175,22 @@ class JournalRetentionPolicy(KubeModel):
     )
 
 
+class OperatingMode(StrEnum):
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+
+
+# A duration as Kubernetes users write one (agent-sandbox's, kubectl's): "15m", "1h30m".
+DURATION_PATTERN: Final = r"^([0-9]{1,7}(h|m|s))+$"
+_DURATION_PART: Final = re.compile(r"([0-9]+)(h|m|s)")
+_UNIT_S: Final = {"h": 3600, "m": 60, "s": 1}
+
+
+def duration_seconds(duration: str) -> int:
+    """``duration`` (as ``DURATION_PATTERN`` admits it) in seconds."""
+    return sum(int(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(duration))
+
+
 class DeploymentReference(KubeModel):
     """An AgentDeployment in the session's namespace."""
 
@@ -256,14 +273,42 @@ class AgentSessionSpec(KubeModel):
         description="Keep the session on its version: rollouts and their aborts pass it by"
         " until it is unpinned (a node drain still moves it, on the same image).",
     )
+    operating_mode: OperatingMode = Field(
+        default=OperatingMode.RUNNING,
+        description="Running, or Suspended: the owner is fenced out after a final snapshot"
+        " and its pod deleted; clients' messages are journaled and wait; back to Running, a"
+        " new owner starts from the snapshot and the journal and answers them, in order.",
+    )
+    idle_suspend_after: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=DURATION_PATTERN,
+        description='Suspend the session when no client message came for this long ("15m",'
+        ' "1h30m"); the next message wakes it. Unset: never suspended for being idle.',
+    )
 
 
 class SessionPhase(StrEnum):
     PENDING = "Pending"
     RUNNING = "Running"
     MIGRATING = "Migrating"
-    PAUSED = "Paused"
-    FAILED = "Failed"
+    # No owner runs: its epoch is fenced, messages wait in the journal.
+    SUSPENDED = "Suspended"
+    # The next owner starts; the messages that waited are released once it is ready.
+    RESUMING = "Resuming"
+
+
+class SuspendReason(StrEnum):
+    REQUESTED = "Requested"  # spec.operatingMode: Suspended
+    IDLE = "Idle"  # spec.idleSuspendAfter passed with no client message
+
+
+class Suspension(KubeModel):
+    """Why and since when the session is suspended."""
+
+    reason: SuspendReason
+    since: Time | None = None
+    epoch: Int64 | None = Field(default=None, description="The epoch its old owner was fenced at.")
 
 
 class JournalStatus(KubeModel):
@@ -315,7 +360,8 @@ class AgentSessionStatus(KubeModel):
         default=None, description="The metadata.generation this status was written for."
     )
     phase: SessionPhase = Field(
-        default=SessionPhase.PENDING, description="Pending, Running, Migrating, Paused or Failed."
+        default=SessionPhase.PENDING,
+        description="Pending, Running, Migrating, Suspended or Resuming.",
     )
     epoch: Int64 | None = Field(
         default=None, description="The owner generation: it grows by one with every new owner."
@@ -328,6 +374,9 @@ class AgentSessionStatus(KubeModel):
         default=None, max_length=253, description="The AgentMigration in progress, if any."
     )
     last_migration: MigrationSummary | None = None
+    suspension: Suspension | None = Field(
+        default=None, description="Set while the session is suspended or resuming."
+    )
     conditions: list[SessionCondition] = Field(
         default_factory=list, max_length=3, json_schema_extra=list_map("type")
     )

@@ -1,4 +1,4 @@
-"""``shadowpod bench operator``: the operator at scale, on the emulated API.
+"""The operator at scale, on the emulated API (``python -m tests.kube.bench_operator``).
 
 The operator runs as its own process (``shadowpod operator``), against the tests'
 API-server emulator and a real gateway; a kubelet stand-in makes pods Running and
@@ -12,15 +12,18 @@ Ready at once without running anything ("no process" mode). Measured:
   run the reference agent as processes), each under light client load: all must
   succeed with nothing lost, doubled or reordered.
 
-The emulator and the kubelet live in the source tree's ``tests/kube`` (they are test
-doubles, not product code): this benchmark runs from a source checkout.
+The emulator and the kubelet stand-in are test doubles of ``tests/kube``, so this
+benchmark lives beside them, not in the shipped package (which never imports tests):
+run it from a checkout, ``.venv/bin/python -m tests.kube.bench_operator --json``. On a
+real API server, ``shadowpod bench cluster`` measures the same reactions.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
-import importlib
+import json
 import statistics
 import sys
 import time
@@ -28,19 +31,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import kmock
+
+from shadowpod import eventloop
 from shadowpod.bench.machine import MachineProbe
 from shadowpod.kube import names
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.local.gateway_process import GatewayProcess, free_port
 from shadowpod.local.load import ClientLoad
+from tests.kube import connection, emulator, kubelet
+from tests.kube.conftest import local_images
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 NAMESPACE = "bench"
-
-
-class NeedsCheckout(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -50,21 +54,6 @@ class OperatorBenchConfig:
     migrations: int = 50
     workdir: Path = Path("/tmp/shadowpod-bench-operator")
     timeout_s: float = 900.0
-
-
-def _test_tree() -> tuple[Any, Any, Any, Any]:
-    if not (REPO / "tests" / "kube" / "emulator").is_dir():
-        raise NeedsCheckout(
-            "the API-server emulator is in the source tree's tests/kube: run this from a"
-            " checkout of Shadowpod (git clone …; make bench-operator)"
-        )
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    emulator = importlib.import_module("tests.kube.emulator")
-    kubelet = importlib.import_module("tests.kube.kubelet")
-    connection = importlib.import_module("tests.kube.connection")
-    kmock = importlib.import_module("kmock")
-    return emulator, kubelet, connection, kmock
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
@@ -142,7 +131,6 @@ def _running(body: dict[str, Any]) -> bool:
 
 
 async def run_operator_bench(config: OperatorBenchConfig) -> dict[str, Any]:
-    emulator_mod, kubelet_mod, connection_mod, kmock = _test_tree()
     probe = MachineProbe()
     probe.start()
     config.workdir.mkdir(parents=True, exist_ok=True)
@@ -152,10 +140,10 @@ async def run_operator_bench(config: OperatorBenchConfig) -> dict[str, Any]:
     crds = [REPO / "crds"]
     try:
         async with (
-            emulator_mod.ApiServerEmulator(crds=crds, keep_requests=False) as server,
+            emulator.ApiServerEmulator(crds=crds, keep_requests=False) as server,
             kmock.Server(server),
         ):
-            kube = connection_mod.KubeConnection.to_emulator(
+            kube = connection.KubeConnection.to_emulator(
                 str(server.url).rstrip("/"), config.workdir
             )
             async with kube.api() as client:
@@ -164,9 +152,9 @@ async def run_operator_bench(config: OperatorBenchConfig) -> dict[str, Any]:
                     "/api/v1/namespaces",
                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
                 )
-                result["scale"] = await _scale(api, client, kube, gateway, kubelet_mod, config)
+                result["scale"] = await _scale(api, client, kube, gateway, config)
         if config.migrations:
-            result["live"] = await _live(emulator_mod, kubelet_mod, connection_mod, kmock, config)
+            result["live"] = await _live(config)
     finally:
         await gateway.stop()
     result["targets"] = _targets(result)
@@ -208,14 +196,13 @@ async def _scale(
     client: Any,
     kube: Any,
     gateway: GatewayProcess,
-    kubelet_mod: Any,
     config: OperatorBenchConfig,
 ) -> dict[str, Any]:
-    images = importlib.import_module("tests.kube.conftest").local_images()
-    async with kubelet_mod.Kubelet(
+    images = local_images()
+    async with kubelet.Kubelet(
         client, images, config.workdir / "kubelet", run_processes=False
-    ) as kubelet:
-        await kubelet.add_node("node-1")
+    ) as nodes:
+        await nodes.add_node("node-1")
         operator = await _operator(kube.kubeconfig, gateway, config.workdir / "operator.log")
         try:
             await asyncio.sleep(2.0)
@@ -257,10 +244,6 @@ async def _scale(
 
 
 async def _live(
-    emulator_mod: Any,
-    kubelet_mod: Any,
-    connection_mod: Any,
-    kmock: Any,
     config: OperatorBenchConfig,
 ) -> dict[str, Any]:
     """``migrations`` sessions, real agents, migrated at once under light load."""
@@ -268,18 +251,18 @@ async def _live(
     workdir.mkdir(parents=True, exist_ok=True)
     gateway = GatewayProcess(workdir / "gateway")
     await gateway.start()
-    images = importlib.import_module("tests.kube.conftest").local_images()
+    images = local_images()
     try:
         async with (
-            emulator_mod.ApiServerEmulator(crds=[REPO / "crds"], keep_requests=False) as server,
+            emulator.ApiServerEmulator(crds=[REPO / "crds"], keep_requests=False) as server,
             kmock.Server(server),
         ):
-            kube = connection_mod.KubeConnection.to_emulator(str(server.url).rstrip("/"), workdir)
+            kube = connection.KubeConnection.to_emulator(str(server.url).rstrip("/"), workdir)
             async with (
                 kube.api() as client,
-                kubelet_mod.Kubelet(client, images, workdir / "kubelet") as kubelet,
+                kubelet.Kubelet(client, images, workdir / "kubelet") as nodes,
             ):
-                await kubelet.add_node("node-1")
+                await nodes.add_node("node-1")
                 api = KubeApi(client)
                 await api.create(
                     "/api/v1/namespaces",
@@ -361,3 +344,29 @@ async def _migrate_all(
         "reordered": sum(v.reordered for v in verdicts),
         "wall_s": round(elapsed, 2),
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.kube.bench_operator", description=__doc__.split("\n\n")[0]
+    )
+    defaults = OperatorBenchConfig()
+    parser.add_argument("--sessions", type=int, default=defaults.sessions)
+    parser.add_argument("--bumped", type=int, default=defaults.bumped)
+    parser.add_argument("--migrations", type=int, default=defaults.migrations)
+    parser.add_argument("--workdir", type=Path, default=defaults.workdir)
+    args = parser.parse_args()
+    config = OperatorBenchConfig(
+        sessions=args.sessions,
+        bumped=min(args.bumped, args.sessions),
+        migrations=args.migrations,
+        workdir=args.workdir,
+    )
+    report = eventloop.run(run_operator_bench(config), terminate_gracefully=True)
+    print(json.dumps(report, indent=2))
+    missed = [name for name, t in report.get("targets", {}).items() if t["met"] is False]
+    sys.exit(1 if missed else 0)
+
+
+if __name__ == "__main__":
+    main()
