@@ -164,6 +164,32 @@ def test_a_session_without_a_serving_owner_stops_the_rollout() -> None:
     assert condition["Available"].status == "False"
 
 
+def test_a_rollout_is_complete_only_once_its_sessions_serve_again() -> None:
+    """As a Deployment's: every session on the new version is not enough while one of
+    them has no serving owner yet (just moved, its owner not Ready): the rollout says
+    Complete only when Available is True too, never Complete and unavailable at once."""
+    sessions = {name: replace(follower, version=NEW) for name, follower in fleet(4).items()}
+    sessions["s0003"] = replace(sessions["s0003"], serving=False)
+    state = RolloutState(revision=1, target=NEW, stable=OLD, started_at=1.0)
+    moved = plan(NEW, list(sessions.values()), RolloutStrategy(), state, Control(), 5.0)
+    assert moved.progress.phase is RolloutPhase.PROGRESSING
+    assert moved.state.completed_at is None
+    assert "s0003" not in [s.session for s in moved.start]  # on NEW already: not moved
+    assert "1 session" in moved.progress.message and "serv" in moved.progress.message
+    condition = {c.type: c for c in conditions(moved.progress, moved.state, 0)}
+    assert condition["Available"].status == "False"
+    assert condition["Progressing"].reason == "RollingOut"
+
+    sessions["s0003"] = replace(sessions["s0003"], serving=True)
+    done = plan(NEW, list(sessions.values()), RolloutStrategy(), moved.state, Control(), 6.0)
+    assert done.progress.phase is RolloutPhase.COMPLETE
+    condition = {c.type: c for c in conditions(done.progress, done.state, 0)}
+    assert (condition["Available"].status, condition["Progressing"].reason) == (
+        "True",
+        "RolloutComplete",
+    )
+
+
 def test_estimated_completion_follows_the_moves_seen() -> None:
     world = World(fleet(40), RolloutStrategy(pace=Pace(max_concurrent=4, max_per_node=2)))
     assert world.tick(NEW).progress.estimated_completion is None  # nothing to go by yet

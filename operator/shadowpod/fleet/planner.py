@@ -262,6 +262,25 @@ def _roll_out(
         if current or (upgraded < goal and remaining_pool > 0):
             break
         if step is None:
+            unavailable = sum(1 for f in followers if not f.serving)
+            if state.completed_at is None and unavailable > strategy.pace.max_unavailable:
+                # As a Deployment's: complete once the moved sessions serve again, so
+                # Complete never shows beside Available False (a session just moved
+                # whose new owner is not Ready yet). Once complete it stays so: a later
+                # outage is Available's to say.
+                return _plan(
+                    followers,
+                    strategy,
+                    state,
+                    fleet,
+                    (),
+                    stale,
+                    now,
+                    RolloutPhase.PROGRESSING,
+                    f"every session that may move runs {target}; waiting for {unavailable}"
+                    f" session{'s' if unavailable != 1 else ''} to serve again"
+                    f" (maxUnavailable {strategy.pace.max_unavailable})",
+                )
             if state.completed_at is None:
                 state = replace(state, completed_at=now)
             return _plan(
