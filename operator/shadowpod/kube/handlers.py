@@ -205,13 +205,27 @@ async def shutdown(memo: OperatorMemo, **_: Any) -> None:
 
 
 async def session_changed(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
-    await sessions.reconcile_and_patch(memo.context, dict(body))
+    await _session_pass(memo, dict(body))
 
 
 async def session_timer(body: kopf.Body, memo: OperatorMemo, **kwargs: Any) -> None:
     # Kopf passes timers their `stopped` too (TimerFn's type does not declare it).
-    pass_ = sessions.reconcile_and_patch(memo.context, dict(body))
+    pass_ = _session_pass(memo, dict(body))
     await _unless_stopped(pass_, kwargs["stopped"])
+
+
+async def _session_pass(memo: OperatorMemo, raw: dict[str, Any]) -> None:
+    """A session's pass; when its owner started or stopped serving and it follows an
+    AgentDeployment, that rollout's pass too: the rollout completes (or goes on) when
+    its moved sessions serve again, not at its next timer."""
+    status = raw.get("status") or {}
+    was = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])
+    )
+    serving = await sessions.reconcile_and_patch(memo.context, raw)
+    deployment = ((raw.get("spec") or {}).get("deploymentRef") or {}).get("name")
+    if deployment and serving is not None and serving != was:
+        await rollouts.reconcile_named(memo.context, raw["metadata"]["namespace"], deployment)
 
 
 async def session_deleted(body: kopf.Body, retry: int, memo: OperatorMemo, **_: Any) -> None:
@@ -292,7 +306,7 @@ async def pod_changed(body: kopf.Body, type: str | None, memo: OperatorMemo, **_
     ready = sessions.pod_ready(dict(body)) and type != "DELETED"
     was_ready = status.get("phase") == "Running"
     if ready != was_ready or status.get("ownerPod") != body["metadata"]["name"]:
-        await sessions.reconcile_and_patch(ctx, session)
+        await _session_pass(memo, session)
 
 
 async def _unless_stopped(work: Coroutine[Any, Any, None], stopped: kopf.DaemonStopped) -> None:

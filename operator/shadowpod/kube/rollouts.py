@@ -358,8 +358,15 @@ async def _refuse(ctx: OperatorContext, body: dict[str, Any], exc: StrategyError
 
 async def reconcile_named(ctx: OperatorContext, namespace: str, name: str) -> None:
     """``reconcile`` of the AgentDeployment ``name``, read first (gone: nothing), one
-    pass at a time per deployment; a pass that fails is said and tried at the next."""
+    pass at a time per deployment; a pass that fails is said and tried at the next.
+    Asked while a pass already waits its turn, it leaves it to that one: every session's
+    change can ask without a fleet's worth of passes queueing up."""
+    key = (namespace, name)
+    if key in ctx.rollout_passes_due:
+        return
+    ctx.rollout_passes_due.add(key)
     async with ctx.lock(f"deployment/{namespace}/{name}"):
+        ctx.rollout_passes_due.discard(key)
         body = await ctx.api.get(namespaced("agentdeployments", namespace, name))
         if body is None or body["metadata"].get("deletionTimestamp"):
             return

@@ -673,18 +673,19 @@ def lock(ctx: OperatorContext, namespace: str, name: str) -> asyncio.Lock:
     return ctx.lock(f"session/{namespace}/{name}")
 
 
-async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> None:
+async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> bool | None:
     """One pass over the session (``body``, the freshest the caller has), and its
-    status written. A pass that fails is said — ``Degraded`` with the reason, a Warning
-    event, ``shadowpod_reconcile_errors_total`` — and backed off: passes skip it until
-    its wait (doubled by each failure) is over or its spec changes (``backoff``)."""
+    status written; whether its owner serves now (None: no pass was made). A pass that
+    fails is said — ``Degraded`` with the reason, a Warning event,
+    ``shadowpod_reconcile_errors_total`` — and backed off: passes skip it until its wait
+    (doubled by each failure) is over or its spec changes (``backoff``)."""
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
-        return
+        return None
     key = (meta["namespace"], meta["name"])
     failing = backoff_key("AgentSession", body)
     if not ctx.backoff.due(failing, meta.get("generation")):
-        return
+        return None
     async with lock(ctx, *key):
         try:
             seen = await reconcile(ctx, body)
@@ -694,7 +695,7 @@ async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> Non
                 _status_path(*key),
                 status_patch(session_status(body, _as_stored(body, failure, exc))),
             )
-            return
+            return None
         await ctx.api.patch(_status_path(*key), status_patch(session_status(body, seen)))
         ctx.count_session(key, seen.phase, ready=seen.ready)
         if seen.phase == "Pending" and seen.degraded is not None and seen.owner is None:
@@ -706,6 +707,7 @@ async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> Non
             ).inc()
         else:
             ctx.backoff.succeeded(failing)
+        return seen.ready
 
 
 async def reconcile_named(ctx: OperatorContext, namespace: str, name: str) -> None:
