@@ -190,6 +190,23 @@ def test_a_rollout_is_complete_only_once_its_sessions_serve_again() -> None:
     )
 
 
+def test_a_first_rollout_with_nothing_to_replace_skips_the_steps() -> None:
+    """A new AgentDeployment whose sessions start on its image has no earlier version to
+    guard: its canary and pause steps have nothing to compare, so it does not stop at
+    the pause (the abort test waited 240 s for a Complete that a pause held back)."""
+    sessions = [Follower(name, NEW, node="node-0") for name in ("a1", "a2")]
+    first = plan(NEW, [], CANARY_THEN_PAUSE, RolloutState(), Control(), 1.0)
+    assert first.state.stable is None
+    assert first.progress.phase is RolloutPhase.COMPLETE  # no session yet: nothing to do
+    later = plan(NEW, sessions, CANARY_THEN_PAUSE, first.state, Control(), 2.0)
+    assert later.progress.phase is RolloutPhase.COMPLETE
+    assert later.start == ()
+    # Sessions already there on another version: the steps guard the move, as before.
+    mixed = [Follower(name, OLD, node="node-0") for name in ("b1", "b2", "b3")]
+    guarded = plan(NEW, mixed, CANARY_THEN_PAUSE, RolloutState(), Control(), 1.0)
+    assert guarded.state.stable == OLD and guarded.progress.phase is RolloutPhase.PROGRESSING
+
+
 def test_estimated_completion_follows_the_moves_seen() -> None:
     world = World(fleet(40), RolloutStrategy(pace=Pace(max_concurrent=4, max_per_node=2)))
     assert world.tick(NEW).progress.estimated_completion is None  # nothing to go by yet

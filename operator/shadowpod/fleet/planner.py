@@ -90,13 +90,18 @@ def _begin(
     one: the previous target if that rollout completed, else the previous stable (a bump
     in the middle of a rollout does not make the half-proven version stable). A bump
     back to the stable version in the middle of a rollout is a rollback: it skips the
-    steps (the version was proven), as Argo Rollouts does, and keeps only the pace."""
+    steps (the version was proven), as Argo Rollouts does, and keeps only the pace. So
+    does a first rollout with no session on another version."""
     if state.target == target:
         return state
     step = 0
     if state.target is None:
         others = Counter(f.version for f in followers if f.version != target)
         stable = min(others, key=lambda v: (-others[v], v)) if others else None
+        if stable is None:
+            # A new template whose sessions start on its image: nothing to move from,
+            # so the steps (a canary, a pause) have nothing to guard.
+            step = strategy.final_step
     elif state.completed_at is not None and not state.aborted:
         stable = state.target
     else:
