@@ -10,21 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
+import shlex
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.kube.models.v1alpha1.deployment import DEPLOYMENT_LABEL, REVISION_LABEL
-from tests.kube.connection import KubeConnection
-from tests.kube.kubelet import Kubelet
-from tests.kube.operator_world import Load, World, invariants, plugin, world_of
+from tests.kube.operator_world import Load, World, invariants, plugin
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(900)
+
+REPO = Path(__file__).resolve().parents[2]
+# The README's block this file carries out on the emulator (tests/docs/test_blocks.py
+# counts it as run).
+README = "README.md"
+SECTION = "### Fleet upgrades"
 
 # Generous limits: a shadow on a loaded machine can take minutes to start, and a
 # timed-out move would (rightly) halt the rollout these tests expect to complete.
@@ -66,16 +73,17 @@ def follower(name: str, deployment: str, **spec: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def fleet(
-    emulator_kube: KubeConnection, kubelet: Kubelet, tmp_path: Path
-) -> AsyncIterator[World]:
-    """The operator world with the pacing queue's caps at 2 in the cluster and 1 out of
-    one node (the defaults are 10 and 2: a few sessions would never queue)."""
-    async for running in world_of(emulator_kube, "default", tmp_path):
-        running.max_concurrent_migrations = 2
-        running.max_concurrent_migrations_per_node = 1
-        await running.start_operator()
-        yield running
+async def fleet(world: World) -> World:
+    """The operator world (on the emulator, or on the real cluster with its kubelets)
+    with the pacing queue's caps at 2 in the cluster and 1 out of one node (the defaults
+    are 10 and 2: a few sessions would never queue): its operator restarted with them.
+    Two or three sessions per test: on the real cluster each is a real pod of this
+    2-core machine, with its shadow beside it during a move."""
+    await world.stop_operator()
+    world.max_concurrent_migrations = 2
+    world.max_concurrent_migrations_per_node = 1
+    await world.start_operator()
+    return world
 
 
 async def deployment(world: World, name: str) -> dict[str, Any]:
@@ -95,14 +103,27 @@ async def wait_phase(
 ) -> dict[str, Any]:
     """The AgentDeployment once its rollout of ``revision`` is in one of ``phases``."""
 
+    seen: list[dict[str, Any]] = []
+
     async def reached() -> dict[str, Any] | None:
         body = await deployment(world, name)
         status = body.get("status") or {}
+        seen[:] = [status]
         return (
             body if status.get("phase") in phases and status.get("revision") == revision else None
         )
 
-    found: dict[str, Any] = await eventually(reached, timeout=timeout, every=0.3)
+    try:
+        found: dict[str, Any] = await eventually(reached, timeout=timeout, every=0.3)
+    except AssertionError:
+        # Say where it stood: which step, what waits, the migrations' phases.
+        moves = {
+            m["metadata"]["name"]: (m.get("status") or {}).get("phase")
+            for m in await world.raw.list(world.path("agentmigrations"))
+        }
+        raise AssertionError(
+            f"{name} not {phases} at revision {revision}: {seen}; {moves}"
+        ) from None
     return found
 
 
@@ -288,11 +309,14 @@ async def test_a_version_the_gate_rejects_halts_after_the_canary_and_the_rest_st
 
 
 async def test_abort_moves_the_canary_back_live(fleet: World) -> None:
+    """v2 to v2-b (v2's program under another tag): a move back must be one the gates
+    allow. From v2 back to v1 is not — v1 cannot read the state schema v2 writes — and
+    the engine refuses it (IncompatibleStateSchema), rightly: the session stays on v2."""
     world = fleet
     names = ["a1", "a2"]
     await world.apply(
         deployment_manifest(
-            "back", "refagent:v1", steps=[{"canary": {"sessions": 1}}, {"pause": {}}]
+            "back", "refagent:v2", steps=[{"canary": {"sessions": 1}}, {"pause": {}}]
         )
     )
     for name in names:
@@ -301,12 +325,12 @@ async def test_abort_moves_the_canary_back_live(fleet: World) -> None:
         await world.wait_running(name, epoch=1, timeout=180)
     await wait_phase(world, "back", "Complete")
 
-    await set_image(world, "back", "refagent:v2")
+    await set_image(world, "back", "refagent:v2-b")
     paused = await wait_phase(world, "back", "Paused", revision=2)
     assert paused["status"]["sessions"]["updated"] == 1
     [forward] = await rollout_migrations(world, "back")
     canary = forward["spec"]["sessionRef"]["name"]
-    assert (await world.session(canary))["status"]["image"] == "refagent:v2"
+    assert (await world.session(canary))["status"]["image"] == "refagent:v2-b"
 
     async with Load(world, canary, rate=5) as load:
         await eventually(lambda: load.load.replies, timeout=30)
@@ -317,10 +341,10 @@ async def test_abort_moves_the_canary_back_live(fleet: World) -> None:
         migrations = await rollout_migrations(world, "back")
         assert invariants(load, migrations) == {}
 
-    back = [m for m in migrations if m["spec"]["target"]["image"] == "refagent:v1"]
+    back = [m for m in migrations if m["spec"]["target"]["image"] == "refagent:v2"]
     assert [m["spec"]["sessionRef"]["name"] for m in back] == [canary]
     assert back[0]["status"]["result"] == "Succeeded"
-    assert await images(world, names) == dict.fromkeys(names, "refagent:v1")
+    assert await images(world, names) == dict.fromkeys(names, "refagent:v2")
     assert conditions(body)["Progressing"] == ("False", "RolloutAborted")
     assert "RolloutAborting" in [r for t, r, _ in await world.events("back") if t == "Warning"]
 
@@ -359,3 +383,55 @@ async def test_an_operator_restarted_mid_rollout_carries_it_on(fleet: World) -> 
     # One migration per session, none made twice by the restarted operator.
     assert sorted(m["spec"]["sessionRef"]["name"] for m in migrations) == names
     assert all(m["status"]["result"] == "Succeeded" for m in migrations)
+
+
+def _readme_block() -> list[list[str]]:
+    """The commands of the README's "Fleet upgrades" block, as a shell splits them."""
+    text = (REPO / README).read_text()
+    section = text.split(f"\n{SECTION}\n", 1)[1].split("\n#", 1)[0]
+    [block] = re.findall(r"^```sh\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+    return [c for line in block.splitlines() if (c := shlex.split(line, comments=True))]
+
+
+async def test_the_readmes_fleet_upgrade_block_does_what_it_says(fleet: World) -> None:
+    """Each line carried out through the API as kubectl would (no kubectl binary speaks
+    to the emulator), the plugin's lines by the plugin itself: a line of another shape
+    fails the test, so the block cannot grow a command this does not run."""
+    world = fleet
+    said: dict[str, str] = {}
+    for command in _readme_block():
+        match command:
+            case ["kubectl", "apply", "-f", path]:
+                for manifest in yaml.safe_load_all((REPO / path).read_text()):
+                    await world.apply(manifest)
+            case ["kubectl", "wait", wanted, target, timeout] if wanted.startswith("--for="):
+                kind, _, name = target.partition("/")
+                assert kind == "agd" and timeout.startswith("--timeout=")
+                phase = wanted.removeprefix("--for=jsonpath={.status.phase}=")
+                assert phase != wanted, f"README: cannot carry out {command}"
+                seconds = float(timeout.removeprefix("--timeout=").removesuffix("s"))
+
+                async def reached(name: str = name, phase: str = phase) -> bool:
+                    return ((await deployment(world, name)).get("status") or {}).get(
+                        "phase"
+                    ) == phase
+
+                await eventually(reached, timeout=seconds, every=0.3)
+            case ["kubectl", "patch", "agd", name, "--type", "merge", "-p", patch]:
+                await world.raw.patch(world.path("agentdeployments", name), json.loads(patch))
+            case ["kubectl", "shadowpod", "rollout", verb, name]:
+                result = await plugin(world, "rollout", verb, name)
+                assert result.exit_code == 0, (command, result.output)
+                said[verb] = result.output
+            case _:
+                raise AssertionError(f"README: a command this test does not run: {command}")
+    # What the block's comments say: the canary moved to v2 and the rest waited; the
+    # status named the step and the versions; history lists the canary's migration.
+    followers = ["support-1", "support-2", "support-3"]
+    shown = await images(world, followers)
+    assert sorted(shown.values()).count("shadowpod-refagent:v2") >= 1, shown
+    assert "Paused" in said["status"] and "shadowpod-refagent:v2" in said["status"]
+    made = await rollout_migrations(world, "support")
+    assert made and all(m["metadata"]["name"] in said["history"] for m in made)
+    body = await deployment(world, "support")
+    assert body["status"]["revision"] == 2 and not body["spec"].get("paused")
