@@ -411,12 +411,18 @@ async def test_the_readmes_fleet_upgrade_block_does_what_it_says(fleet: World) -
                 assert phase != wanted, f"README: cannot carry out {command}"
                 seconds = float(timeout.removeprefix("--timeout=").removesuffix("s"))
 
-                async def reached(name: str = name, phase: str = phase) -> bool:
-                    return ((await deployment(world, name)).get("status") or {}).get(
-                        "phase"
-                    ) == phase
+                seen: list[dict[str, Any]] = []
 
-                await eventually(reached, timeout=seconds, every=0.3)
+                async def reached(
+                    name: str = name, phase: str = phase, seen: list[dict[str, Any]] = seen
+                ) -> bool:
+                    seen[:] = [(await deployment(world, name)).get("status") or {}]
+                    return seen[0].get("phase") == phase
+
+                try:
+                    await eventually(reached, timeout=seconds, every=0.3)
+                except AssertionError:
+                    raise AssertionError(f"README: {command}: {seen}") from None
             case ["kubectl", "patch", "agd", name, "--type", "merge", "-p", patch]:
                 await world.raw.patch(world.path("agentdeployments", name), json.loads(patch))
             case ["kubectl", "shadowpod", "rollout", verb, name]:
