@@ -197,19 +197,20 @@ def test_the_gateways_metrics_show_the_journal_and_the_fences(cluster: Cluster) 
     assert value(found, "shadowpod_fences_total") >= 3
 
 
-def test_every_series_the_alerts_read_is_one_the_operator_exports(
-    rules: Path, operator_scrape: str
+def test_every_series_the_alerts_read_is_one_shadowpod_exports(
+    cluster: Cluster, rules: Path, operator_scrape: str
 ) -> None:
+    """The operator's series, and the gateway's (the journal's size per namespace)."""
     read = {
         name
         for group in yaml.safe_load(rules.read_text())["groups"]
         for rule in group["rules"]
         for name in re.findall(r"\b(shadowpod_\w+)\{", rule["expr"])
     }
-    exported = families(operator_scrape)
+    exported = families(operator_scrape) | families(scrape(cluster, GATEWAY, 8800))
     assert read, "no metric found in the rules"
     missing = read - exported
-    assert not missing, f"the alerts read series the operator does not export: {missing}"
+    assert not missing, f"the alerts read series neither operator nor gateway exports: {missing}"
 
 
 def test_the_alerts_are_quiet_on_this_clusters_series(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -16,6 +18,17 @@ from shadowpod.journal.sqlite.store import SQLiteJournalStore
 from shadowpod.journal.store import JournalStore
 
 PG_DSN = os.environ.get("SHADOWPOD_TEST_PG", "postgresql://127.0.0.1:5432/test")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """What images' code said of their schemas is cached per image
+    (shadowpod.local.images): the tests' own cache, not the user's ``~/.cache``, so a
+    run neither reads what another build said nor leaves anything behind."""
+    if "SHADOWPOD_DESCRIBED_IMAGES" not in os.environ:
+        made = tempfile.mkdtemp(prefix="shadowpod-described-")
+        os.environ["SHADOWPOD_DESCRIBED_IMAGES"] = made
+        config.add_cleanup(lambda: shutil.rmtree(made, ignore_errors=True))
+
 
 StoreFactory = Callable[[], JournalStore]
 

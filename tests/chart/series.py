@@ -14,6 +14,7 @@ from typing import Any
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from shadowpod.gateway.metrics import GatewayMetrics
 from shadowpod.kube.metrics import OperatorMetrics
 
 Step = Callable[[int, OperatorMetrics], None]
@@ -86,3 +87,12 @@ def scrape(
     ]
     series.append({"series": f"up{{{job_labels}}}", "values": " ".join(up_points)})
     return series
+
+
+def gateway_metric_names() -> set[str]:
+    """The names of the series the gateway exports that the chart's rules read."""
+    metrics = GatewayMetrics()
+    metrics.journal_entries.labels(session_namespace="default").set(1)
+    metrics.journal_sessions.labels(session_namespace="default").set(1)
+    text = generate_latest(metrics.registry).decode()
+    return {s.name for f in text_string_to_metric_families(text) for s in f.samples}

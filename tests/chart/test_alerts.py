@@ -18,7 +18,7 @@ from shadowpod.engine.record import SHADOW_PHASES, MigrationPolicy, Phase
 from shadowpod.kube.metrics import OperatorMetrics
 from tests.chart.conftest import render
 from tests.chart.helm import NAMESPACE, RELEASE
-from tests.chart.series import Step, metric_names, scrape
+from tests.chart.series import Step, gateway_metric_names, metric_names, scrape
 
 PROMTOOL = shutil.which("promtool")
 pytestmark = pytest.mark.skipif(
@@ -157,7 +157,7 @@ def migrations(
 def test_the_rules_are_valid_and_read_only_metrics_the_operator_exports(rules: Path) -> None:
     checked = promtool("check", "rules", str(rules))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    exported = metric_names() | {"up"}
+    exported = metric_names() | gateway_metric_names() | {"up"}
     groups = yaml.safe_load(rules.read_text())["groups"]
     read = {
         name

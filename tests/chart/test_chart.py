@@ -265,6 +265,7 @@ def test_everything_on_adds_monitoring_policies_and_budget(everything_on: Render
         "ShadowpodMigrationRollbackRateHigh",
         "ShadowpodUpgradeGateUnavailable",
         "ShadowpodSessionWithoutReadyOwner",
+        "ShadowpodJournalNamespaceLarge",
         "ShadowpodOperatorAbsent",
     ]
 

@@ -73,6 +73,7 @@ def _docs_test_sections() -> set[tuple[str, str]]:
     for test in (
         "docs/test_refagent_readme.py",
         "kube/test_operator_lifecycle.py",
+        "kube/test_operator_forks.py",
         "kube/test_operator_rollouts.py",
     ):
         source = (REPO / "tests" / test).read_text()

@@ -78,12 +78,24 @@ def test_an_integer_field_refuses_every_value_outside_its_range(
 
 
 @pytest.mark.parametrize(("kind", "base", "field", "low", "high"), CASES)
-@pytest.mark.parametrize("odd", [True, False, "7", 7.0, "\u0663", [1], {"n": 1}])
+@pytest.mark.parametrize("odd", [True, False, "7", 7.5, math.nan, "\u0663", [1], {"n": 1}])
 def test_an_integer_field_refuses_what_is_not_an_integer(
     kind: str, base: dict[str, Any], field: str, low: int, high: int, odd: object
 ) -> None:
     # JSON true is not 1, "7" is not 7, and an Arabic-Indic digit is not a digit here.
     assert _refused(kind, {**base, field: odd}) == [f"payload.{field}"]
+
+
+@pytest.mark.parametrize(("kind", "base", "field", "low", "high"), CASES)
+def test_an_integer_valued_number_is_that_integer(
+    kind: str, base: dict[str, Any], field: str, low: int, high: int
+) -> None:
+    """JSON Schema's ``integer`` (the OpenAPI document's) counts 7.0 and 7e0 as 7: the
+    entry carries the integer itself, so every reader sees an int, never a float."""
+    value = max(low, min(high, 7))
+    entry = NewEntry(kind=kind, payload={**base, field: float(value)})
+    assert entry.payload[field] == value
+    assert type(entry.payload[field]) is int
 
 
 @settings(max_examples=60, deadline=None)

@@ -169,7 +169,7 @@ async def test_ownership_is_handed_over_by_compare_and_set(
     assert (stale.status, stale.reason) == (409, "EpochConflict")
     assert "expected ownership epoch 0, found 1" in stale.json["message"]
     assert (second.json["epoch"], second.json["owner"]) == (3, "pod-b")
-    assert (backwards.status, backwards.reason) == (400, "EpochDecrease")
+    assert (backwards.status, backwards.reason) == (409, "EpochDecrease")
     assert (invalid.status, invalid.locs) == (400, ["epoch"])
     now = (await call(http, "GET", path, token=CONTROL)).json
     assert (now["epoch"], now["owner"]) == (3, "pod-b")
@@ -210,3 +210,22 @@ async def test_unfence_without_a_fence_changes_nothing_and_checks_the_epoch(
     assert (same.json["epoch"], same.json["fence"]) == (1, "open")
     assert (wrong.status, wrong.reason) == (409, "EpochConflict")
     assert (await control.ownership(owned.name)).epoch == 1
+
+
+async def test_every_sessions_position_comes_in_one_read_for_the_control_token(
+    http: aiohttp.ClientSession, url: str
+) -> None:
+    for session in ("p-1", "p-2"):
+        await call(http, "POST", f"{url}/v1/sessions", token=CONTROL, json={"session": session})
+    async with GatewayClient(url) as client:
+        await client.post_message("p-2", "hi", id="hi")
+    refused = await call(http, "GET", f"{url}/v1/positions")
+    answer = await call(http, "GET", f"{url}/v1/positions", token=CONTROL)
+    assert refused.status == 401 and refused.json["reason"]
+    assert answer.status == 200
+    assert answer.json == {
+        "sessions": [
+            {"session": "p-1", "head": 0, "acked": 0, "epoch": 0, "fence": "open"},
+            {"session": "p-2", "head": 1, "acked": 0, "epoch": 0, "fence": "open"},
+        ]
+    }

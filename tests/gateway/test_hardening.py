@@ -202,7 +202,7 @@ async def test_an_ack_beyond_the_head_is_refused_naming_turn(
         token=owned.agent_token,
         json={"epoch": 1, "turn": 99},
     )
-    assert_error(reply, 400, "InvalidTurn")
+    assert_error(reply, 409, "InvalidTurn")
     assert reply.locs == ["turn"]
     status = await call(http, "GET", f"{url}/v1/sessions/{owned.name}")
     assert status.json["acked"] == 0  # nothing reported as acked
@@ -285,7 +285,7 @@ async def test_odd_resume_points_and_watermarks_are_400(
     assert snapshot.locs == ["watermark"]
 
 
-ODD: list[Any] = [2**63, 2**64, -1, True, "7", 1.0, None]
+ODD: list[Any] = [2**63, 2**64, -1, True, "7", 1.5, None]
 BODY_CASES: list[tuple[str, str, dict[str, Any], str]] = [
     ("POST", "journal", {"epoch": 1, "entries": []}, "epoch"),
     ("POST", "journal", {"epoch": 1, "entries": [], "after": 0}, "after"),

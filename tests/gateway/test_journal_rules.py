@@ -20,7 +20,7 @@ async def test_a_new_owner_at_the_same_epoch_is_refused_and_the_old_owner_keeps_
     refused = await call(
         http, "PUT", url, token=CONTROL, json={"expect_epoch": 1, "epoch": 1, "owner": "pod-b"}
     )
-    assert (refused.status, refused.reason) == (400, "OwnerChangeNeedsNewEpoch")
+    assert (refused.status, refused.reason) == (409, "OwnerChangeNeedsNewEpoch")
     assert "ask for epoch 2" in refused.json["message"]
     record = (await call(http, "GET", url, token=CONTROL)).json
     assert (record["epoch"], record["owner"]) == (1, "pod-a")
@@ -55,7 +55,7 @@ async def test_an_ack_beyond_the_head_is_refused_both_ways_in(
         token=owned.agent_token,
         json={"epoch": 1, "turn": beyond},
     )
-    assert (over_http.status, over_http.reason) == (400, "InvalidTurn")
+    assert (over_http.status, over_http.reason) == (409, "InvalidTurn")
     assert f"beyond the journal's head ({hi.seq})" in over_http.json["message"]
 
     async with http.ws_connect(
@@ -71,7 +71,7 @@ async def test_an_ack_beyond_the_head_is_refused_both_ways_in(
         async with asyncio.timeout(5):
             while (frame := orjson.loads((await ws.receive()).data))["op"] != "error":
                 pass
-    assert (frame["id"], frame["status"], frame["reason"]) == (3, 400, "InvalidTurn")
+    assert (frame["id"], frame["status"], frame["reason"]) == (3, 409, "InvalidTurn")
 
     status = (
         await call(http, "GET", f"{gateway.url}/v1/sessions/{owned.name}", token=CONTROL)

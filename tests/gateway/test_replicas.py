@@ -11,17 +11,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import psycopg
 import pytest
 
-from shadowpod.api.models import CreateSession, FenceRequest, OwnershipChange
+from shadowpod.api.models import CreateSession, FenceRequest, OwnershipChange, ScheduleSpec
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.domain.entries import JournalEntry, NewEntry
 from shadowpod.local.gateway_process import GatewayProcess, free_port
@@ -324,3 +328,78 @@ async def test_a_holder_stopped_with_sigterm_hands_its_session_over_before_it_ex
             await serving
     _check_exactly_once_in_order(entries, count)
     assert await replicas.holder() not in (None, holder)
+
+
+async def _fires(replicas: Replicas, at_least: int) -> list[dict[str, Any]]:
+    """The schedule fires journaled, once there are at least ``at_least`` (read through a
+    live replica; 30 s at most)."""
+    async with asyncio.timeout(30):
+        while True:
+            url = replicas.urls[random.choice(replicas.alive())]
+            async with GatewayClient(url, timeout_s=10) as client:
+                try:
+                    page = await client.events(SESSION, kinds=["schedule"], limit=1000)
+                except GatewayError as exc:
+                    if exc.status != 503:
+                        raise
+                    page = None
+                except (OSError, TimeoutError):
+                    page = None
+            fired = [] if page is None else [e for e in page.events if e["payload"]["op"] == "fire"]
+            if len(fired) >= at_least:
+                return fired
+            await asyncio.sleep(0.2)
+
+
+async def _fired_here(url: str) -> float:
+    """The replica's own count of the fires it journaled."""
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    found = re.search(r"^shadowpod_schedule_fires_total (\S+)$", text, re.M)
+    assert found is not None, text
+    return float(found.group(1))
+
+
+async def test_only_the_lease_holder_fires_and_a_new_holder_goes_on_after_a_kill(
+    replicas: Replicas,
+) -> None:
+    async with GatewayClient(replicas.urls[0], replicas.token) as control:
+        await control.create_session(
+            CreateSession(
+                session=SESSION, schedules=[ScheduleSpec(schedule_id="tick", every_s=1.0)]
+            )
+        )
+    before = await _fires(replicas, 4)
+    holder = await replicas.holder()
+    assert holder is not None
+    victim = int(holder.removeprefix("gw"))
+    others = [n for n in range(3) if n != victim]
+    # Each replica fires every session it knows of unless only the holder may.
+    assert [await _fired_here(replicas.urls[n]) for n in others] == [0, 0]
+    assert await _fired_here(replicas.urls[victim]) >= len(before)
+
+    await replicas.processes[victim].stop(kill=True)
+    killed_at = datetime.now(UTC)
+    replicas.dead.add(victim)
+    fired = await _fires(replicas, len(before) + 4)
+
+    numbers = [e["payload"]["fire_no"] for e in fired]
+    assert len(set(numbers)) == len(numbers) and numbers == sorted(numbers), numbers
+    assert fired[: len(before)] == before
+    after = [e for e in fired if datetime.fromisoformat(e["ts"]) > killed_at]
+    assert after, numbers
+    # Takeover bound for fires: the lease time after the holder's last renewal, then at
+    # most ttl/4 until a replica asks for the lease again and one firer tick (1 s).
+    resumed_s = (datetime.fromisoformat(after[0]["ts"]) - killed_at).total_seconds()
+    assert resumed_s <= TTL_S + TTL_S / 4 + 1.0 + 1.0, resumed_s  # + 1 s for this machine
+    # Fires missed meanwhile are coalesced into one; none before the kill is repeated.
+    skipped = after[0]["payload"]["fire_no"] - numbers[len(fired) - len(after) - 1] - 1
+    assert 0 <= skipped <= resumed_s + 1, (skipped, numbers)
+    assert [n - after[0]["payload"]["fire_no"] for n in numbers[-len(after) :]] == list(
+        range(len(after))
+    )
+    new_holder = await replicas.holder()
+    assert new_holder is not None and new_holder != holder
+    counts = {n: await _fired_here(replicas.urls[n]) for n in others}
+    assert counts[int(new_holder.removeprefix("gw"))] >= len(after)
+    assert sorted(counts.values())[0] == 0, counts  # the third replica never fired

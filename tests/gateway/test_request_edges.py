@@ -1,10 +1,11 @@
 """Requests at the edge of what the document allows, and clients that leave mid-way.
 
 The OpenAPI document says which bodies are valid; the server must take exactly those:
-an integer field takes an integer (``3``), not an integer-valued float (``3.0``) or
-exponent notation (``3e0``), which the lax validation used to turn into 3; a token hash
-may be ``null`` (what the client sends for an unset one). A client hanging up while it
-sends a body is the client's doing: no 5xx is counted, nothing is logged as an error.
+an integer field takes what JSON Schema calls an integer — ``3``, and the integer-valued
+``3.0`` and ``3e0`` (schemathesis sends them as valid data) — but not ``3.5``, ``true``
+or ``"3"``; a token hash may be ``null`` (what the client sends for an unset one). A
+client hanging up while it sends a body is the client's doing: no 5xx is counted,
+nothing is logged as an error.
 """
 
 from __future__ import annotations
@@ -18,21 +19,23 @@ import pytest
 import referencing
 import referencing.jsonschema
 
-from tests.gateway.conftest import CONTROL, Session, call
+from tests.gateway.conftest import CONTROL, Reply, Session, call
 from tests.gateway.test_memory import gateway_process  # noqa: F401 — the real process
 from tests.gateway.test_openapi import load_spec
 
-# Each body with one integer field written as NUMBER; the same body with 1 is taken.
+# Each body with one integer field written as NUMBER.
 BODIES = [
     ("PUT", "ownership", CONTROL, '{"expect_epoch": NUMBER, "epoch": 2, "owner": "pod-b"}'),
     ("POST", "unfence", CONTROL, '{"expect_epoch": NUMBER}'),
     ("POST", "drained", None, '{"instance": "pod-a", "epoch": NUMBER, "processes": []}'),
 ]
+# Not integers, as JSON Schema says: refused, naming the field, and nothing changes.
+NOT_INTEGERS = ["1.5", "0.999", "true", '"1"', "1e-1", "[1]"]
 
 
-@pytest.mark.parametrize("number", ["1.0", "1e0", "10E-1", "1.000"])
+@pytest.mark.parametrize("number", ["1", "1.0", "1e0", "10E-1", "1.000"])
 @pytest.mark.parametrize(("method", "route", "token", "body"), BODIES, ids=[b[1] for b in BODIES])
-async def test_an_integer_field_takes_no_float_nor_exponent(
+async def test_an_integer_field_takes_what_json_schema_calls_an_integer(
     http: aiohttp.ClientSession,
     url: str,
     owned: Session,
@@ -42,8 +45,8 @@ async def test_an_integer_field_takes_no_float_nor_exponent(
     token: str | None,
     body: str,
 ) -> None:
-    async def send(value: str) -> int:
-        reply = await call(
+    async def send(value: str) -> Reply:
+        return await call(
             http,
             method,
             f"{url}/v1/sessions/{owned.name}/{route}",
@@ -51,13 +54,40 @@ async def test_an_integer_field_takes_no_float_nor_exponent(
             data=body.replace("NUMBER", value),
             headers={"Content-Type": "application/json"},
         )
-        if value != "1":
-            assert (reply.status, reply.reason) == (400, "InvalidRequest"), reply.json
-            assert any(loc.endswith("epoch") for loc in reply.locs), reply.locs
-        return reply.status
 
-    await send(number)
-    assert await send("1") < 300  # the same body with an integer is taken
+    for value in NOT_INTEGERS:
+        refused = await send(value)
+        assert (refused.status, refused.reason) == (400, "InvalidRequest"), (value, refused.json)
+        assert any(loc.endswith("epoch") for loc in refused.locs), refused.locs
+    taken = await send(number)  # the epoch 1 however it is written: the request works
+    assert taken.status < 300, (number, taken.json)
+
+
+async def test_a_boolean_field_takes_only_true_or_false(
+    http: aiohttp.ClientSession, url: str
+) -> None:
+    """``"true"``, ``1`` and ``"yes"`` are not JSON Schema booleans: a session asked for
+    with one is refused (it was made, silently with owner credentials), with true it is
+    made."""
+    for value in ['"true"', "1", '"yes"', '"false"']:
+        reply = await call(
+            http,
+            "POST",
+            f"{url}/v1/sessions",
+            token=CONTROL,
+            data='{"session": "booleans", "owner_credentials": VALUE}'.replace("VALUE", value),
+            headers={"Content-Type": "application/json"},
+        )
+        assert (reply.status, reply.reason) == (400, "InvalidRequest"), (value, reply.json)
+        assert reply.locs == ["owner_credentials"], reply.locs
+    made = await call(
+        http,
+        "POST",
+        f"{url}/v1/sessions",
+        token=CONTROL,
+        json={"session": "booleans", "owner_credentials": True},
+    )
+    assert made.status == 201, made.json
 
 
 async def test_null_token_hashes_are_unset_as_the_server_and_the_document_say(

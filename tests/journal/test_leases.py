@@ -109,3 +109,20 @@ async def test_a_replica_that_lost_the_lease_cannot_change_the_owner(store: Jour
         await store.compare_and_set_ownership("s", 2, Ownership(epoch=3, owner="newer"))
     assert (await store.get_ownership("s")).epoch == 2  # nothing changed, no marker
     assert await store.head("s") == head
+
+
+async def test_many_leases_are_claimed_in_one_go_leaving_live_ones_to_their_holders(
+    store: JournalStore,
+) -> None:
+    leases = _leases(store).leases
+    mine = await leases.claim("s", "a", "http://a", 30)
+    await leases.claim("t", "b", "http://b", 30)
+    expired = await leases.claim("u", "b", "http://b", 0.2)
+    await asyncio.sleep(0.3)
+    claimed = await leases.claim_many(["s", "t", "u", "v"], "a", "http://a", 30)
+    # Its own renewed under the same generation, the expired one taken over with a new
+    # one, the free one taken; the live lease of b is b's.
+    assert claimed == {"s": mine.generation, "u": expired.generation + 1, "v": 1}
+    live = await leases.holder("t")
+    assert live is not None and live.held_by("b")
+    assert await leases.claim_many([], "a", "http://a", 30) == {}

@@ -48,6 +48,8 @@ def test_the_watermark_a_document_says_it_is_at(document: bytes, watermark: int 
     [
         pytest.param(b'{"a": ', "MalformedJSON", "premature EOF", id="cut-short"),
         pytest.param(b'{"a": 1} {}', "MalformedJSON", "trailing garbage", id="two-values"),
+        # yajl itself takes this one (found by the damaged-object property below).
+        pytest.param(b'{"": []}"', "MalformedJSON", "ends inside a string", id="open-string"),
         pytest.param(b'{"a": "\xff"}', "MalformedJSON", "UTF8", id="not-utf8"),
         pytest.param(b'{"a": NaN}', "MalformedJSON", "invalid char", id="nan"),
         pytest.param(b"", "MalformedJSON", "premature EOF", id="empty"),

@@ -20,7 +20,7 @@ from shadowpod.journal.postgres.store import PostgresJournalStore
 from shadowpod.journal.spool import SnapshotSpool
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
-from shadowpod.journal.store import Writer
+from shadowpod.journal.store import ForkPoint, Writer
 
 
 async def test_the_database_is_in_wal_mode_with_full_sync(tmp_path: Path) -> None:
@@ -38,7 +38,7 @@ async def test_a_database_written_by_a_newer_shadowpod_is_refused(tmp_path: Path
     conn.execute("UPDATE shadowpod_meta SET value = '9' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
-    with pytest.raises(SchemaTooNew, match="journal database has schema v9.*up to v3"):
+    with pytest.raises(SchemaTooNew, match="journal database has schema v9.*up to v4"):
         await SQLiteJournalStore(tmp_path / "j.db").open()
 
 
@@ -240,7 +240,7 @@ async def test_a_version_1_database_is_brought_up_with_its_ids_kept_per_writer(
         assert not other.duplicate
     conn = sqlite3.connect(tmp_path / "j.db")
     version = conn.execute("SELECT value FROM shadowpod_meta WHERE key = 'schema_version'")
-    assert version.fetchone()[0] == "3"
+    assert version.fetchone()[0] == "4"
     conn.close()
 
 
@@ -275,5 +275,28 @@ async def test_a_version_2_database_keeps_its_snapshots_and_takes_streamed_ones(
         assert (await store.get_snapshot("s", 1)).document_json == b'{"watermark": 1, "v": 3}'
     conn = sqlite3.connect(tmp_path / "j.db")
     version = conn.execute("SELECT value FROM shadowpod_meta WHERE key = 'schema_version'")
-    assert version.fetchone()[0] == "3"
+    assert version.fetchone()[0] == "4"
+    conn.close()
+
+
+async def test_a_version_3_database_is_brought_up_and_forks(tmp_path: Path) -> None:
+    async with SQLiteJournalStore(tmp_path / "j.db") as store:
+        await store.create_session("s")
+        await store.append(
+            "s", [NewEntry(id="m-1", kind="message", payload={"role": "user", "content": "hi"})]
+        )
+    conn = sqlite3.connect(tmp_path / "j.db")  # as version 3 left it: no forks
+    conn.executescript(
+        "DROP TABLE forks; ALTER TABLE sessions DROP COLUMN parent_sid;"
+        "ALTER TABLE sessions DROP COLUMN fork_seq;"
+        "UPDATE shadowpod_meta SET value = '3' WHERE key = 'schema_version';"
+    )
+    conn.close()
+    async with SQLiteJournalStore(tmp_path / "j.db") as store:
+        fork = await store.create_session("f", fork=ForkPoint("s", 1))
+        assert (fork.fork_of, fork.head) == ("s", 1)
+        assert [e.id for e in await store.read("f")] == ["m-1"]
+    conn = sqlite3.connect(tmp_path / "j.db")
+    version = conn.execute("SELECT value FROM shadowpod_meta WHERE key = 'schema_version'")
+    assert version.fetchone()[0] == "4"
     conn.close()

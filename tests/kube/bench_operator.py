@@ -6,6 +6,9 @@ Ready at once without running anything ("no process" mode). Measured:
 
 - the operator's RSS after ``sessions`` AgentSessions are Running;
 - create → ``Running`` per session (p50/p99), as a client watching status sees it;
+- with ``--idle-window S``: the requests the operator makes to the API server and to
+  the gateway while the sessions are left alone for S seconds, per second (from its
+  ``shadowpod_operator_requests_total``), and its RSS then;
 - image bump → AgentMigration created by the operator (p50/p99), for ``bumped``
   sessions;
 - then ``migrations`` sessions migrated live at once with the real data plane (pods
@@ -24,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import re
 import statistics
 import sys
 import time
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
 import kmock
 
 from shadowpod import eventloop
@@ -52,6 +57,7 @@ class OperatorBenchConfig:
     sessions: int = 1000
     bumped: int = 100
     migrations: int = 50
+    idle_window_s: float = 0.0  # 0: no idle measurement
     workdir: Path = Path("/tmp/shadowpod-bench-operator")
     timeout_s: float = 900.0
 
@@ -92,7 +98,7 @@ def _session(name: str, image: str, policy: dict[str, int] | None = None) -> dic
 
 
 async def _operator(
-    kubeconfig: Path, gateway: GatewayProcess, log: Path
+    kubeconfig: Path, gateway: GatewayProcess, log: Path, metrics_port: int
 ) -> asyncio.subprocess.Process:
     token = gateway.workdir / "control-token"
     with log.open("ab") as sink:
@@ -102,7 +108,7 @@ async def _operator(
             "-n", NAMESPACE,
             "--gateway-url", gateway.url,
             "--control-token-file", str(token),
-            "--metrics-port", str(free_port()),
+            "--metrics-port", str(metrics_port),
             "--metrics-host", "127.0.0.1",
             "--log-level", "warning",
             stdin=asyncio.subprocess.DEVNULL,
@@ -203,7 +209,10 @@ async def _scale(
         client, images, config.workdir / "kubelet", run_processes=False
     ) as nodes:
         await nodes.add_node("node-1")
-        operator = await _operator(kube.kubeconfig, gateway, config.workdir / "operator.log")
+        metrics_port = free_port()
+        operator = await _operator(
+            kube.kubeconfig, gateway, config.workdir / "operator.log", metrics_port
+        )
         try:
             await asyncio.sleep(2.0)
             baseline = _rss_mb(operator.pid)
@@ -216,6 +225,7 @@ async def _scale(
                 created[name] = time.monotonic()
             running = await _wait_all(api, "agentsessions", set(names_), _running, config.timeout_s)
             rss = _rss_mb(operator.pid)
+            idle = await _idle(metrics_port, operator.pid, config.idle_window_s)
             bumped = names_[: config.bumped]
             bumps: dict[str, float] = {}
             for name in bumped:
@@ -232,6 +242,7 @@ async def _scale(
                 "running": len(running),
                 "operator_rss_mb_idle": baseline,
                 "operator_rss_mb": rss,
+                "idle": idle,
                 "create_to_running_s": _percentiles([running[n] - created[n] for n in running]),
                 "bumped": len(bumped),
                 "bump_to_migration_s": _percentiles(
@@ -241,6 +252,34 @@ async def _scale(
         finally:
             operator.terminate()
             await operator.wait()
+
+
+async def _requests(metrics_port: int) -> dict[str, float]:
+    """The operator's ``shadowpod_operator_requests_total``, by where they went."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{metrics_port}/metrics") as answer,
+    ):
+        text = await answer.text()
+    found = re.findall(r'^shadowpod_operator_requests_total\{to="(\w+)"\} (\S+)$', text, re.M)
+    return {to: float(count) for to, count in found}
+
+
+async def _idle(metrics_port: int, pid: int, window_s: float) -> dict[str, Any] | None:
+    """The operator's requests a second while nothing changes, after the passes of the
+    sessions' start have ended (one period of 30 s, and a bit)."""
+    if window_s <= 0:
+        return None
+    await asyncio.sleep(35.0)
+    before, started = await _requests(metrics_port), time.monotonic()
+    await asyncio.sleep(window_s)
+    after, elapsed = await _requests(metrics_port), time.monotonic() - started
+    return {
+        "window_s": round(elapsed, 1),
+        "api_requests_per_s": round((after["api"] - before["api"]) / elapsed, 3),
+        "gateway_requests_per_s": round((after["gateway"] - before["gateway"]) / elapsed, 3),
+        "operator_rss_mb": _rss_mb(pid),
+    }
 
 
 async def _live(
@@ -268,7 +307,9 @@ async def _live(
                     "/api/v1/namespaces",
                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
                 )
-                operator = await _operator(kube.kubeconfig, gateway, workdir / "operator.log")
+                operator = await _operator(
+                    kube.kubeconfig, gateway, workdir / "operator.log", free_port()
+                )
                 try:
                     return await _migrate_all(api, gateway, config)
                 finally:
@@ -355,12 +396,14 @@ def main() -> None:
     parser.add_argument("--bumped", type=int, default=defaults.bumped)
     parser.add_argument("--migrations", type=int, default=defaults.migrations)
     parser.add_argument("--workdir", type=Path, default=defaults.workdir)
+    parser.add_argument("--idle-window", type=float, default=defaults.idle_window_s)
     args = parser.parse_args()
     config = OperatorBenchConfig(
         sessions=args.sessions,
         bumped=min(args.bumped, args.sessions),
         migrations=args.migrations,
         workdir=args.workdir,
+        idle_window_s=args.idle_window,
     )
     report = eventloop.run(run_operator_bench(config), terminate_gracefully=True)
     print(json.dumps(report, indent=2))

@@ -19,7 +19,7 @@ from click.testing import CliRunner, Result
 from kubernetes_asyncio import client
 
 from shadowpod.cli.kubectl import kubectl
-from shadowpod.client.gateway import GatewayClient
+from shadowpod.client.gateway import GatewayClient, GatewayError
 from shadowpod.engine.record import MigrationRecord
 from shadowpod.kube import names
 from shadowpod.kube.api import KubeApi, namespaced
@@ -85,6 +85,7 @@ class World:
         self._nodes = nodes
         self.metrics = OperatorMetrics()
         self.operator: OperatorThread | None = None
+        self.memo: OperatorMemo | None = None  # the running operator's
         # The CRIU path: the operator's --criu and --checkpoint-registry.
         self.criu = False
         self.checkpoint_registry: str | None = None
@@ -116,11 +117,9 @@ class World:
 
     async def start_operator(self) -> None:
         config = self.config()
+        self.memo = OperatorMemo(config, self.metrics)
         self.operator = OperatorThread(
-            registry(config),
-            self.kube,
-            namespaces=[self.namespace],
-            memo=OperatorMemo(config, self.metrics),
+            registry(config), self.kube, namespaces=[self.namespace], memo=self.memo
         )
         await self.operator.start()
 
@@ -256,9 +255,21 @@ def invariants(
 
 
 async def reply_counts(client: GatewayClient, session: str) -> dict[int, int]:
-    """How many assistant replies each inbound turn (by seq) got so far."""
+    """How many assistant replies each inbound turn (by seq) got so far, of the turns
+    the journal still holds: the session's retention (``checkpoint.retainSnapshots``)
+    removes the processed entries behind its oldest kept snapshot, and the count starts
+    again behind what it removed when it removes more while this reads."""
+    while True:
+        after = (await client.status(session)).truncated_through
+        try:
+            return await _reply_counts_after(client, session, after)
+        except GatewayError as exc:
+            if exc.reason != "JournalTruncated":
+                raise
+
+
+async def _reply_counts_after(client: GatewayClient, session: str, after: int) -> dict[int, int]:
     counts: dict[int, int] = {}
-    after = 0
     while True:
         page = await client.events(session, after=after, kinds=["message"])
         for entry in page.events:

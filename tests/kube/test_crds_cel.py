@@ -380,6 +380,24 @@ CASES: Final = [
         old=edit(MIGRATION, {"spec.validation": {"turns": 5}}),
         refused="spec: validation is immutable",
     ),
+    # forkFrom
+    Case("a fork at a seq", edit(SESSION, {"spec.forkFrom": {"session": "bob", "seq": 5}})),
+    Case(
+        "a fork at a seq and a snapshot",
+        edit(SESSION, {"spec.forkFrom": {"session": "bob", "seq": 5, "snapshot": 4}}),
+        refused="spec.forkFrom: forkFrom takes exactly one of seq and snapshot",
+    ),
+    Case(
+        "a fork at neither",
+        edit(SESSION, {"spec.forkFrom": {"session": "bob"}}),
+        refused="spec.forkFrom: forkFrom takes exactly one of seq and snapshot",
+    ),
+    Case(
+        "a fork point moved after the session was made",
+        edit(SESSION, {"spec.forkFrom": {"session": "bob", "seq": 6}}),
+        old=edit(SESSION, {"spec.forkFrom": {"session": "bob", "seq": 5}}),
+        refused="spec.forkFrom: forkFrom cannot change",
+    ),
     Case(
         "fence attempts that just fit",
         edit(

@@ -13,7 +13,9 @@ import pytest
 from shadowpod.engine.record import MigrationRecord, Phase
 from shadowpod.kube import names
 from shadowpod.kube.models.v1alpha1 import API_VERSION
-from shadowpod.kube.records import MigrationRecords
+from shadowpod.kube.records import MigrationRecords, stored_record
+from tests.kube.emulator import ApiServerEmulator
+from tests.kube.kubelet import Kubelet
 from tests.kube.nodes import cordon, drain
 from tests.kube.operator_world import (
     Load,
@@ -409,3 +411,49 @@ async def test_an_image_change_during_a_migration_waits_for_it_then_runs(world: 
     # The same pause as the AgentMigration's (none without a message held back).
     assert last.get("fencePauseMilliseconds") == done_second["status"].get("fencePauseMilliseconds")
     assert last["completionTime"] >= last["startTime"]
+
+
+@pytest.mark.stand_in(
+    "counts the operator's requests in the emulator's request log, with the shadow "
+    "held in ContainerCreating by the stand-in (kubelet.held); a real API server "
+    "counts no request by object, and a real kubelet holds no pod on cue"
+)
+async def test_a_migration_waiting_for_its_shadow_pod_reads_it_a_few_times_a_second(
+    world: World, emulator: ApiServerEmulator, kubelet: Kubelet
+) -> None:
+    """The engine polls an instance every 10-50 ms; the operator reads the pod behind
+    it from the API server at most twice a second. At the engine's pace, 100 moves at
+    once were 2,000+ GETs a second, and the real API server answered none in time
+    (issue 23). Counted here: GETs of the held shadow pod over a few seconds."""
+    await world.apply(session_manifest("m12"))
+    await world.wait_running("m12", epoch=1)
+    migration_name = names.image_migration("m12", 2)
+    kubelet.held[names.MIGRATION_LABEL] = migration_name
+    await bump(world, "m12", "refagent:v2")
+
+    async def shadow() -> str | None:
+        found = await world.migration(migration_name)
+        record = None if found is None else stored_record(found)
+        return None if record is None else record.spec.target.name
+
+    target = await eventually(shadow, timeout=60)
+    path = world.path("pods", target)
+
+    def reads() -> int:
+        return sum(1 for r in emulator if r.method == "GET" and r.url.path == path)
+
+    await eventually(lambda: reads() > 0, timeout=30)
+    window_s = 4.0
+    before = reads()
+    await asyncio.sleep(window_s)
+    per_s = (reads() - before) / window_s
+    assert await _phase_of(world, migration_name) == "Restoring"  # waited all along
+    assert per_s <= 3.0, f"{per_s:.1f} GETs a second of the pod {target}"
+    kubelet.held.clear()
+    migration = await world.wait_finished(migration_name)
+    assert migration["status"]["result"] == "Succeeded", migration["status"].get("message")
+
+
+async def _phase_of(world: World, migration: str) -> str | None:
+    found = await world.migration(migration)
+    return None if found is None else (found.get("status") or {}).get("phase")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from shadowpod.client.gateway import GatewayClient
-from shadowpod.client.goldens import record_golden
+from shadowpod.client.goldens import earliest_recordable_seq, record_golden
 from shadowpod.kube import names
 from shadowpod.kube.models.v1alpha1 import API_VERSION
 from shadowpod.local.load import Reply
@@ -127,9 +127,15 @@ async def test_a_regressing_version_is_rolled_back_and_a_reworded_one_goes_throu
     # 2. A golden session of this conversation, in a ConfigMap: the forgetful version
     # fails it too (no live turn needed); a golden that is not there cannot be judged.
     async with GatewayClient(world.gateway.url, world.gateway.control_token) as admin:
-        # The first turns: the name given, asked for, and a few messages.
+        # Turns the journal still holds (retention removed those behind the oldest kept
+        # snapshot, which holds the name given): the name asked for, a few messages.
+        first = await earliest_recordable_seq(admin, world.gateway_session("g1"))
         golden = await record_golden(
-            admin, world.gateway_session("g1"), to_seq=24, note="name recall"
+            admin,
+            world.gateway_session("g1"),
+            from_seq=first,
+            to_seq=first + 23,
+            note="name recall",
         )
     await world.raw.create(
         world.path("configmaps"),

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict, model_validator
 
-from shadowpod.domain.bounds import INT64_MAX, EntrySeq, Epoch, OwnerEpoch, Seq
+from shadowpod.domain.bounds import INT64_MAX, Boolean, EntrySeq, Epoch, Integer, OwnerEpoch, Seq
 from shadowpod.domain.entries import ENTRY_ID_MAX, NewEntry, SessionId
-from shadowpod.domain.ownership import Ownership
+from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.domain.payloads import (
     MAX_SCHEDULE_CONTENT,
     MAX_SCHEDULES_PER_SESSION,
@@ -185,6 +185,23 @@ class ScheduleSpec(_Body):
     content: str = Field(default="", max_length=MAX_SCHEDULE_CONTENT)
 
 
+class ForkFrom(_Body):
+    """Where a fork starts: ``session``'s state at ``seq``, or at its snapshot
+    ``snapshot`` (a watermark), one of the two."""
+
+    session: SessionId
+    seq: Seq | None = Field(default=None, description="The parent's seq to fork at.")
+    snapshot: Seq | None = Field(
+        default=None, description="The watermark of one of the parent's snapshots to fork at."
+    )
+
+    @model_validator(mode="after")
+    def _one_point(self) -> ForkFrom:
+        if (self.seq is None) == (self.snapshot is None):
+            raise ValueError("give exactly one of seq and snapshot: where the fork starts")
+        return self
+
+
 class CreateSession(_Body):
     session: SessionId
     meta: dict[str, str] = Field(default_factory=dict)
@@ -206,13 +223,35 @@ class CreateSession(_Body):
         " then derives each instance's owner credential itself (sessions.tokens."
         "owner_credential) and needs no gateway to start one; implies owner_credentials.",
     )
-    owner_credentials: bool = Field(
+    owner_credentials: Boolean = Field(
         default=False,
         description="true: owner writes need the credential of the instance the"
         " ownership record names at the epoch (minted by POST .../owner-credentials for"
         " each instance started), so an owner fenced out cannot write at a later epoch"
         " with the session's agent token. false: the epoch alone is checked.",
     )
+    fork_from: ForkFrom | None = Field(
+        default=None,
+        description="Make the session a fork: the parent's state at that point (its"
+        " journal up to it, shared, not copied), its own journal from there on; the parent"
+        " is untouched.",
+    )
+
+
+class RetentionPolicy(_Body):
+    keep_snapshots: int = Field(
+        ge=1,
+        le=100,
+        description="Snapshots kept, the newest; the journal behind the oldest kept is"
+        " truncated (never past the last processed message, nor what a fork reads).",
+    )
+
+
+class RetentionApplied(_Body):
+    keep_snapshots: int
+    deleted_snapshots: int
+    deleted_entries: int
+    truncated_through: int
 
 
 class OwnerCredentialRequest(_Body):
@@ -235,12 +274,29 @@ class SessionCreated(_Body):
         description="Shown once; the owner and shadows present it. Unset when the caller"
         " gave agent_token_sha256: it holds the token already.",
     )
+    fork_of: str | None = Field(default=None, description="The parent of a fork.")
+    fork_seq: int | None = Field(default=None, description="The parent's seq a fork starts at.")
 
 
 class SessionSummary(_Body):
     session: str
     head: int
     created: str
+
+
+class SessionPosition(_Body):
+    session: str
+    head: int
+    acked: int = Field(description="Last inbound seq processed, by any epoch (0: none).")
+    epoch: int
+    fence: FenceState
+
+
+class SessionPositions(_Body):
+    """Every session's position, in one answer: what an operator shows and compares
+    without a request per session."""
+
+    sessions: list[SessionPosition]
 
 
 class SessionStatus(_Body):
@@ -257,6 +313,13 @@ class SessionStatus(_Body):
         default=False, description="The last fence held a message back whose turn has not started."
     )
     latest_snapshot: int | None = None
+    journal_entries: int = Field(
+        default=0,
+        description="Entries the session's own journal holds (head less what retention"
+        " removed and, for a fork, less its parent's entries it shares).",
+    )
+    fork_of: str | None = Field(default=None, description="The session this one was forked from.")
+    fork_seq: int | None = Field(default=None, description="The parent's seq it was forked at.")
 
 
 class OwnershipChange(_Body):
@@ -267,7 +330,7 @@ class OwnershipChange(_Body):
 
 class FenceRequest(_Body):
     # The fence hands the session to epoch expect_epoch + 1, which must be an epoch too.
-    expect_epoch: Annotated[int, Strict()] = Field(
+    expect_epoch: Integer = Field(
         ge=1,
         le=INT64_MAX - 1,
         description="The epoch of the owner to fence (below 2^63-1: the fence moves to the next).",
@@ -292,7 +355,7 @@ class UnfenceRequest(_Body):
 
 
 class SuspendRequest(_Body):
-    expect_epoch: Annotated[int, Strict()] = Field(ge=1, le=INT64_MAX - 1)
+    expect_epoch: Integer = Field(ge=1, le=INT64_MAX - 1)
     next_owner: OwnerName = Field(
         description="The instance that will own the session when it resumes (not started)."
     )

@@ -569,6 +569,43 @@ def _print_lifecycle(report: dict[str, Any]) -> None:
     Console().print(f"machine: {_machine(report)}")
 
 
+@bench.command("fork")
+@click.option("--rounds", default=20, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--backend",
+    "backends",
+    multiple=True,
+    type=click.Choice(["sqlite", "postgres"]),
+    default=("sqlite", "postgres"),
+    show_default=True,
+)
+@click.option("--dsn", default="postgresql://127.0.0.1:5432/test", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def fork(rounds: int, backends: tuple[str, ...], dsn: str, as_json: bool) -> None:
+    """Fork sessions of 10, 10,000 and 100,000 entries ROUNDS times each, against
+    creating a session: a fork shares its parent's journal, so its time stays flat."""
+    from shadowpod.bench.forks import ForkBenchConfig, run_fork_bench
+
+    config = ForkBenchConfig(rounds=rounds, backends=backends, dsn=dsn)
+    _run_and_report("fork", run_fork_bench(config), _print_fork, as_json, False)
+
+
+def _print_fork(report: dict[str, Any]) -> None:
+    table = Table(title="fork against create (store calls)")
+    for column in ("backend", "entries", "fork p50 / p99 ms", "create p50 / p99 ms"):
+        table.add_column(column, justify="right")
+    for backend, rows in report["results"].items():
+        for row in rows:
+            table.add_row(
+                backend,
+                f"{row['entries']:,}",
+                "{p50} / {p99}".format(**row["fork_ms"]),
+                "{p50} / {p99}".format(**row["create_ms"]),
+            )
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
 @bench.command("cluster")
 @click.option(
     "--kubeconfig",
@@ -601,6 +638,26 @@ def _print_lifecycle(report: dict[str, Any]) -> None:
     default=Path("/tmp/shadowpod-bench-cluster"),
     show_default=True,
 )
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the report here as each part is measured (a stopped run keeps its parts).",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=600.0,
+    show_default=True,
+    type=float,
+    help="Seconds to wait for every session Running (and every owner pod made).",
+)
+@click.option(
+    "--parts",
+    default="idle,image-change,idle-many",
+    show_default=True,
+    help="What is measured after the sessions are made, comma-separated: idle (the idle "
+    "cost at --sessions), image-change, idle-many (the idle cost at --idle-sessions).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def cluster(
     kubeconfig: Path,
@@ -610,12 +667,22 @@ def cluster(
     idle_sessions: int,
     window_s: float,
     workdir: Path,
+    out: Path | None,
+    timeout_s: float,
+    parts: str,
     as_json: bool,
 ) -> None:
     """The operator on a real API server with real kubelets: create → owner Pod and →
     Running, image change → AgentMigration (p50/p99), and the API requests a second
     idle sessions cost, from the API server's apiserver_request_total."""
-    from shadowpod.bench.cluster import ClusterBenchConfig, run_cluster_bench
+    from shadowpod.bench.cluster import PARTS, ClusterBenchConfig, run_cluster_bench
+
+    chosen = frozenset(p.strip() for p in parts.split(",") if p.strip())
+    if unknown := chosen - PARTS:
+        raise click.BadParameter(
+            f"no part {', '.join(sorted(unknown))}: choose from {', '.join(sorted(PARTS))}",
+            param_hint="--parts",
+        )
 
     config = ClusterBenchConfig(
         kubeconfig=kubeconfig,
@@ -625,6 +692,9 @@ def cluster(
         idle_sessions=idle_sessions,
         window_s=window_s,
         workdir=workdir,
+        out=out,
+        timeout_s=timeout_s,
+        parts=chosen,
     )
     _run_and_report("cluster", run_cluster_bench(config), _print_cluster, as_json, False)
 
@@ -635,6 +705,8 @@ def _print_cluster(report: dict[str, Any]) -> None:
     table.add_column("value", justify="right")
     reaction = report["reaction"]
     for name in ("create_to_owner_pod_s", "create_to_running_s", "image_change_to_migration_s"):
+        if name not in reaction:
+            continue
         figure = reaction[name]
         table.add_row(
             name.replace("_", " ") + " p50 / p99",

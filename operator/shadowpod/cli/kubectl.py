@@ -1,5 +1,5 @@
 """``kubectl shadowpod`` (installed as ``kubectl-shadowpod``; also ``shadowpod kubectl``):
-status, migrate (``--wait`` shows the phases as they pass), cancel, history (with
+status, migrate (``--wait`` shows the phases as they pass), fork, cancel, history (with
 ``--gateway``, the journal's: owners, fences, suspends, wakes, resumes, snapshots), logs, diff,
 and ``rollout status|pause|resume|abort|history`` of an AgentDeployment.
 
@@ -163,6 +163,36 @@ async def _follow(api: Any, namespace: str, name: str, timeout: float) -> dict[s
             await asyncio.sleep(0.5)
     fail(f"agentmigration/{name} did not finish within {timeout:g} s", NOT_SUCCEEDED)
     return None
+
+
+@kubectl.command()
+@click.argument("session")
+@click.argument("name")
+@click.option("--seq", type=click.IntRange(0), default=None, help="Fork at this journal seq.")
+@click.option(
+    "--snapshot",
+    type=click.IntRange(0),
+    default=None,
+    help="Fork at the snapshot of this watermark.",
+)
+@click.option("--image", default=None, help="The fork's image (default: the session's).")
+@click.pass_obj
+def fork(
+    target: Any, session: str, name: str, seq: int | None, snapshot: int | None, image: str | None
+) -> None:
+    """Fork SESSION into a new session NAME: SESSION's state at --seq (or --snapshot),
+    its own journal from there on; SESSION is untouched and keeps serving."""
+    from shadowpod.kube import plugin
+
+    if (seq is None) == (snapshot is None):
+        fail("give exactly one of --seq and --snapshot: where the fork starts", NOT_FOUND)
+
+    async def work(api: Any, ns: str) -> dict[str, Any]:
+        return await plugin.fork(api, ns, session, name, seq=seq, snapshot=snapshot, image=image)
+
+    created = _run(target, work)
+    point = f"seq {seq}" if seq is not None else f"snapshot {snapshot}"
+    click.echo(f"agentsession/{created['metadata']['name']} created (fork of {session} at {point})")
 
 
 @kubectl.command()

@@ -61,6 +61,10 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
         "shadowpod.cli.up:suspend",
         "Suspend the session of a running `shadowpod up`; a message wakes it.",
     ),
+    "fork": (
+        "shadowpod.cli.up:fork",
+        "Fork a session of a running `shadowpod up` into a new session NAME.",
+    ),
     "resume": (
         "shadowpod.cli.up:resume",
         "Resume a suspended session of a running `shadowpod up`.",

@@ -376,6 +376,34 @@ def suspend(workdir: Path, session: str | None) -> None:
     click.echo(f"session {answer['session']} suspended (final snapshot at {answer['snapshot']})")
 
 
+@click.command("fork")
+@workdir_option
+@click.argument("name")
+@click.option("--seq", required=True, type=click.IntRange(0), help="Fork at this journal seq.")
+@click.option("--session", help="The session to fork (default: the deployment's only one).")
+def fork(workdir: Path, name: str, seq: int, session: str | None) -> None:
+    """Fork a session of a running `shadowpod up` into a new session NAME.
+
+    NAME starts from the session's state at --seq (its journal shared up to there) with
+    an owner of its own; the session serves on. Exits 0 when NAME serves, 2 when it
+    cannot be made (no such seq, NAME taken, not running)."""
+    try:
+        answer = eventloop.run(_fork(workdir, name, seq, session))
+    except DeploymentUnreachable as exc:
+        _cannot(str(exc))
+    except DeploymentRefused as exc:
+        _cannot(f"{exc} ({exc.reason})")
+    click.echo(
+        f"session {answer['session']} forked from {answer['fork_of']} at seq {answer['seq']}:"
+        f" owner {answer['owner']}"
+    )
+
+
+async def _fork(workdir: Path, name: str, seq: int, session: str | None) -> dict[str, Any]:
+    async with StandingClient(workdir) as client:
+        return await client.fork(name, seq, session=session)
+
+
 @click.command("resume")
 @workdir_option
 @click.option("--session", help="The session (default: the deployment's only one).")

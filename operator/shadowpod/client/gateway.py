@@ -25,9 +25,12 @@ from shadowpod.api.models import (
     OwnershipChange,
     PostMessage,
     ResumeRequest,
+    RetentionApplied,
+    RetentionPolicy,
     SessionActivity,
     SessionCreated,
     SessionHistory,
+    SessionPositions,
     SessionStatus,
     SnapshotInfoOut,
     SnapshotOut,
@@ -91,6 +94,7 @@ class GatewayClient:
             self._headers[INSTANCE_HEADER], self._headers[OWNER_CREDENTIAL_HEADER] = owner
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._http: aiohttp.ClientSession | None = None
+        self.requests = 0  # calls made (an operator's idle cost is counted by them)
 
     async def __aenter__(self) -> GatewayClient:
         return self
@@ -126,6 +130,7 @@ class GatewayClient:
         params: dict[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> Any:
+        self.requests += 1
         if body is not None:
             plain = body.model_dump(mode="json")
         if plain is not None:
@@ -338,6 +343,16 @@ class GatewayClient:
     async def create_session(self, request: CreateSession) -> SessionCreated:
         return SessionCreated.model_validate(await self._call("POST", "/v1/sessions", body=request))
 
+    async def set_retention(self, session: str, keep_snapshots: int) -> RetentionApplied:
+        """Set the session's retention policy (control token); applied at once."""
+        return RetentionApplied.model_validate(
+            await self._call(
+                "PUT",
+                f"/v1/sessions/{session}/retention",
+                body=RetentionPolicy(keep_snapshots=keep_snapshots),
+            )
+        )
+
     async def mint_owner_credential(self, session: str, instance: str) -> str | None:
         """The owner credential of ``instance`` (control token); ``None`` for a session
         made without owner credentials."""
@@ -400,6 +415,10 @@ class GatewayClient:
         return Ownership.model_validate(
             await self._call("POST", f"/v1/sessions/{session}/resume", body=body)
         )
+
+    async def positions(self) -> SessionPositions:
+        """Every session's head, acked turn and ownership, in one request."""
+        return SessionPositions.model_validate(await self._call("GET", "/v1/positions"))
 
     async def wakes(self, *, after: int = 0, wait_s: float = 0) -> WakesPage:
         params = {"after": after, "wait": wait_s}

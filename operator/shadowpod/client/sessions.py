@@ -17,9 +17,12 @@ FIRST_EPOCH = 1
 async def start_session(
     admin: GatewayClient, request: CreateSession, *, owner: str
 ) -> tuple[SessionCreated, Ownership]:
-    """Create ``request.session`` and make ``owner`` its owner at epoch 1."""
+    """Create ``request.session`` and make ``owner`` its owner at epoch 1 — or, for a
+    fork (which starts at its parent's epoch, with no owner), at the epoch after."""
     created = await admin.create_session(request)
+    start = 0 if request.fork_from is None else (await admin.ownership(request.session)).epoch
     ownership = await admin.set_ownership(
-        request.session, OwnershipChange(expect_epoch=0, epoch=FIRST_EPOCH, owner=owner)
+        request.session,
+        OwnershipChange(expect_epoch=start, epoch=start + FIRST_EPOCH, owner=owner),
     )
     return created, ownership

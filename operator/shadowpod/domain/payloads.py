@@ -18,7 +18,15 @@ from typing import Annotated, Any, Final, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, Strict, create_model, model_validator
 
-from shadowpod.domain.bounds import INT32_MAX, INT64_MAX, EntrySeq, Epoch, SchemaVersion
+from shadowpod.domain.bounds import (
+    INT32_MAX,
+    INT64_MAX,
+    Boolean,
+    EntrySeq,
+    Epoch,
+    Integer,
+    SchemaVersion,
+)
 
 # A schedule's period. The shortest is a second: each fire is a turn of the agent (an
 # LLM call, seconds long), the firer's clock ticks once a second, and with at most
@@ -35,11 +43,11 @@ MAX_SCHEDULES_PER_SESSION: Final = 32
 # A schedule's content is copied into every fire: a prompt, not a document (16 KiB,
 # as an AgentSession's schedule message).
 MAX_SCHEDULE_CONTENT: Final = 16_384
-FireNo = Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)]
+FireNo = Annotated[Integer, Field(ge=1, le=INT64_MAX)]
 # pid_t is a signed 32-bit integer, and 0 is no process.
-Pid = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
+Pid = Annotated[Integer, Field(ge=1, le=INT32_MAX)]
 # POSIX statuses (0-255), Python's negative signal numbers, Windows' 32-bit codes.
-ExitCode = Annotated[int, Strict(), Field(ge=-(2**31), le=2**32 - 1)]
+ExitCode = Annotated[Integer, Field(ge=-(2**31), le=2**32 - 1)]
 # Names an owner (a pod, an instance): a Kubernetes object name at most.
 OwnerName = Annotated[str, Field(min_length=1, max_length=253)]
 
@@ -86,7 +94,7 @@ class ToolCallPayload(TurnScoped):
     call_id: str = Field(min_length=1, max_length=200)
     tool: str = Field(min_length=1, max_length=200)
     args: dict[str, JsonValue] = Field(default_factory=dict)
-    idempotent: bool = Field(
+    idempotent: Boolean = Field(
         default=False, description="Safe to repeat when its outcome is unknown."
     )
 
@@ -201,15 +209,15 @@ class StatePart(Payload):
     """
 
     group: str = Field(min_length=1, max_length=200)
-    index: Annotated[int, Strict()] = Field(ge=0, le=MAX_STATE_PARTS - 1)
-    count: Annotated[int, Strict()] = Field(ge=1, le=MAX_STATE_PARTS)
+    index: Integer = Field(ge=0, le=MAX_STATE_PARTS - 1)
+    count: Integer = Field(ge=1, le=MAX_STATE_PARTS)
     data: str = Field(min_length=1)
 
 
 # How deep a delta may reach into the agent's state, and how many one entry carries.
 MAX_STATE_PATH: Final = 64
 MAX_STATE_OPS: Final = 10_000
-StateKey = str | Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
+StateKey = str | Annotated[Integer, Field(ge=0, le=INT64_MAX)]
 
 
 class StateOpKind(StrEnum):
@@ -250,7 +258,7 @@ class StatePayload(TurnScoped):
     """
 
     values: dict[str, JsonValue] = Field(default_factory=dict)
-    replace: bool = False
+    replace: Boolean = False
     ops: list[StateOp] = Field(default_factory=list, max_length=MAX_STATE_OPS)
     schema_version: SchemaVersion = 1
     part: StatePart | None = Field(

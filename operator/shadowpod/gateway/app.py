@@ -130,6 +130,14 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
     placement = _placement(gw)
     if placement is not None:
         app[PLACEMENT] = placement
+        # Only the lease holder fires a session's schedules.
+        gw.firer = ScheduleFirer(
+            store,
+            on_fire=metrics.schedule_fires.inc,
+            right=placement,
+            recheck_s=config.lease_ttl_s / 4,
+            rediscover_s=config.lease_ttl_s,
+        )
     app[GATEWAY] = gw
     app[STORE_HEALTH] = StoreHealth()
     app[LIMITS] = Limits(

@@ -18,11 +18,14 @@ from shadowpod.journal.errors import (
     EpochConflict,
     Fenced,
     IdempotencyConflict,
+    InvalidForkPoint,
     InvalidOwnership,
     InvalidSnapshot,
+    InvalidTurn,
     JournalTruncated,
     OwnerMismatch,
     SessionExists,
+    SessionHasForks,
     SessionNotFound,
     SnapshotNotFound,
     StoreFull,
@@ -84,12 +87,27 @@ STATUS_OF: Final[dict[type[ShadowpodError], int]] = {
     EpochConflict: 409,
     FenceTimeout: 409,
     NotSuspended: 409,
-    InvalidOwnership: 400,
+    SessionHasForks: 409,
+    InvalidForkPoint: 409,
+    # A well-formed request the session's current state refuses (its epoch and owner,
+    # its journal's head): the same request succeeds in another state, so a conflict,
+    # not a malformed request (OpenAPI's and schemathesis's reading of 400 and 409).
+    InvalidOwnership: 409,
+    InvalidTurn: 409,
     InvalidSnapshot: 400,
     JournalTruncated: 410,
     SchemaTooNew: 409,
     StoreUnavailable: 503,
 }
+
+
+def status_of(exc: ShadowpodError) -> int:
+    """The status of ``exc``'s nearest class in ``STATUS_OF`` (a subclass answers as
+    its family does), else 400 for a value error and 500 for anything else."""
+    for cls in type(exc).__mro__:
+        if cls in STATUS_OF:
+            return STATUS_OF[cls]
+    return 400 if isinstance(exc, ValueError) else 500
 
 
 def error_response(
@@ -257,7 +275,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response.headers["Retry-After"] = str(RETRY_AFTER_S)
         return response
     except ShadowpodError as exc:
-        status = STATUS_OF.get(type(exc), 400 if isinstance(exc, ValueError) else 500)
+        status = status_of(exc)
         return error_response(status, exc.reason, str(exc))
     except web.HTTPRequestEntityTooLarge:
         return error_response(413, "TooLarge", str(too_large(request.app[LIMITS].max_body_bytes)))

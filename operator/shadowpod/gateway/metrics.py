@@ -88,6 +88,25 @@ class GatewayMetrics:
             "Schedule fires journaled by this gateway.",
             registry=r,
         )
+        # Per namespace, not per session: a session label would make one series per
+        # session (unbounded); a session's own size is in GET /v1/sessions/{s}.
+        # Per namespace, not per session: a session label would make one series per
+        # session (unbounded); a session's own size is in GET /v1/sessions/{s}. The
+        # label is not "namespace": Prometheus gives that one to the scraped pod's.
+        self.journal_entries = Gauge(
+            "shadowpod_journal_entries",
+            "Entries the sessions of a namespace hold in their own journals (the session's"
+            " meta 'namespace'; '' for sessions made outside Kubernetes).",
+            ["session_namespace"],
+            registry=r,
+        )
+        self.journal_sizes_read_at = float("-inf")  # when the figures were last read
+        self.journal_sessions = Gauge(
+            "shadowpod_journal_sessions",
+            "Sessions in the journal, by the namespace of their AgentSession.",
+            ["session_namespace"],
+            registry=r,
+        )
         self.requests = Counter(
             "shadowpod_http_requests",
             "HTTP requests, by route and status code.",

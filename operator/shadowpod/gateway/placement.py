@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Final
 
 import aiohttp
@@ -76,6 +76,7 @@ class Placement:
         self.ttl_s = ttl_s
         self._on_lost = on_lost
         self._good_until: dict[str, float] = {}  # session -> monotonic deadline
+        self._generation: dict[str, int] = {}  # session -> the lease's, while held
         self._handing_over = False
         self._client: aiohttp.ClientSession | None = None
 
@@ -108,9 +109,25 @@ class Placement:
         lease = await self.leases.claim(session, self.replica, self.url, self.ttl_s)
         if lease.held_by(self.replica):
             self._good_until[session] = proved + self.ttl_s * (1 - TRUST_MARGIN)
+            self._generation[session] = lease.generation
             return None
         self._good_until.pop(session, None)
         return lease
+
+    async def serving(self, sessions: Collection[str]) -> dict[str, int]:
+        """The sessions among ``sessions`` this replica serves, claiming the free ones
+        in one statement, with their lease's generation (the schedule firer's
+        ``FiringRight``: only the holder fires a session's schedules)."""
+        held = {s: self._generation[s] for s in sessions if self.holds(s)}
+        rest = [s for s in sessions if s not in held]
+        if rest and not self._handing_over:
+            proved = time.monotonic()
+            claimed = await self.leases.claim_many(rest, self.replica, self.url, self.ttl_s)
+            for session, generation in claimed.items():
+                self._good_until[session] = proved + self.ttl_s * (1 - TRUST_MARGIN)
+                self._generation[session] = generation
+            held.update(claimed)
+        return held
 
     async def renew(self) -> None:
         """Extend the leases held; drop from memory the ones lost."""
@@ -145,6 +162,7 @@ class Placement:
 
     def _lost(self, session: str) -> None:
         self._good_until.pop(session, None)
+        self._generation.pop(session, None)
         logger.info("session lease lost", extra={"session": session})
         try:
             self._on_lost(session)

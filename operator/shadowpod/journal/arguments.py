@@ -53,3 +53,21 @@ def check_keep(value: object) -> int:
         high=INT64_MAX,
         what="snapshots to keep: the journal needs one to stand on",
     )
+
+
+def check_no_nul(where: str, value: object) -> None:
+    """PostgreSQL's text and jsonb cannot hold a NUL character (U+0000): a payload or
+    meta with one is refused before anything is written, not failed mid-batch."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise InvalidArgument(
+                f"{where} contains a NUL character (\\u0000), which the PostgreSQL journal "
+                "cannot store: remove it, or encode the data (base64, say)"
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_no_nul(where, key)
+            check_no_nul(where, item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            check_no_nul(where, item)

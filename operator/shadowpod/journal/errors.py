@@ -99,6 +99,30 @@ class EpochConflict(ShadowpodError):
         )
 
 
+class InvalidForkPoint(ShadowpodError, ValueError):
+    """A fork asked for at a point its parent cannot give: beyond its head, or below
+    what its retention removed."""
+
+    reason = "InvalidForkPoint"
+
+
+class SessionHasForks(ShadowpodError):
+    """A session whose journal forks still read (their entries up to the fork point
+    are its entries) cannot be deleted before them."""
+
+    reason = "SessionHasForks"
+
+    def __init__(self, session: str, forks: list[str]) -> None:
+        self.session = session
+        self.forks = forks
+        named = ", ".join(map(repr, forks))
+        super().__init__(
+            f"session {session!r} cannot be deleted: its forks {named} read its journal up "
+            "to their fork points; delete them first (or let their retention truncate past "
+            "their fork points)"
+        )
+
+
 class JournalTruncated(ShadowpodError):
     reason = "JournalTruncated"
 

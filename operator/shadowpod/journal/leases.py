@@ -50,6 +50,14 @@ class SessionLeases(Protocol):
         that names it is answered 404 by whoever serves it)."""
         ...
 
+    async def claim_many(
+        self, sessions: Iterable[str], replica: str, url: str, ttl_s: float
+    ) -> dict[str, int]:
+        """``claim`` for many sessions in one statement: those ``replica`` holds after it
+        (free, expired or already its own), with their lease's generation; the others
+        are left to their live holders."""
+        ...
+
     async def renew(self, replica: str, ttl_s: float) -> set[str]:
         """Extend every unexpired lease ``replica`` holds; the sessions it still holds
         (an expired one may have been taken over: it is not renewed)."""

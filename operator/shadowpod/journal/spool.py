@@ -106,6 +106,11 @@ class SnapshotSpool:
             self._parser.close()
         except ijson.JSONError as exc:
             raise _not_json(exc) from None
+        if self._in_string:  # yajl takes an unfinished string after the value: '{}"'
+            raise DocumentRefused(
+                "MalformedJSON",
+                "the snapshot document is not valid JSON (UTF-8): it ends inside a string",
+            )
         self._take_watermarks()
         if self._first != ord("{"):
             raise _not_an_object(self._first)

@@ -19,6 +19,8 @@ Guarantees every backend gives (checked by the shared contract suite in
   with a new, larger epoch (``journal/ownership.py``).
 - The turn an output or an ack names is an inbound entry at or below the head.
 - A session keeps at most ``MAX_SNAPSHOTS_PER_SESSION`` snapshots, the newest.
+- A fork (``create_session(fork=...)``) reads its parent's entries up to the fork
+  point as its own, in every read, id lookup and turn check; nothing is copied.
 - Integers from callers out of their column's range are an ``InvalidArgument``.
 """
 
@@ -69,6 +71,26 @@ class SessionInfo(BaseModel):
     head: int = 0
     truncated_through: int = 0
     meta: dict[str, str] = Field(default_factory=dict)
+    fork_of: str | None = Field(
+        default=None, description="The session this one was forked from (None: not a fork)."
+    )
+    fork_seq: int | None = Field(
+        default=None,
+        description="The parent's seq the fork was made at: entries up to it are the"
+        " parent's, read from the parent's journal (shared, not copied).",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPosition:
+    """Where a session stands, for one read of every session at once (``positions``):
+    what an operator shows and compares, without a read per session."""
+
+    session: str
+    head: int
+    acked: int  # the latest inbound turn acked, by any epoch (0: none)
+    epoch: int
+    fence: str  # the ownership record's fence state
 
 
 class SnapshotInfo(BaseModel):
@@ -110,6 +132,16 @@ class CompressedDocument:
             yield piece
 
 
+@dataclass(frozen=True, slots=True)
+class ForkPoint:
+    """Where a fork starts: the state of ``session`` at ``seq`` (its journal up to and
+    including ``seq``). The fork journals its own entries from ``seq + 1`` on and reads
+    the ones up to ``seq`` from its parent's journal, which is shared, never copied."""
+
+    session: str
+    seq: int
+
+
 class Retention(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -127,12 +159,33 @@ class JournalStore(Protocol):
 
     # sessions
     async def create_session(
-        self, session: str, *, meta: Mapping[str, str] | None = None
-    ) -> SessionInfo: ...
+        self,
+        session: str,
+        *,
+        meta: Mapping[str, str] | None = None,
+        fork: ForkPoint | None = None,
+    ) -> SessionInfo:
+        """With ``fork``: a session whose journal is ``fork.session``'s up to
+        ``fork.seq`` (read from the parent, not copied), with the parent's newest
+        snapshot at or below that seq, the ack watermark the parent had there, and the
+        parent's epoch (no owner): its first owner comes at a larger epoch, and redoes
+        a turn the parent left open at the fork point as any new owner does. The
+        parent's retention keeps what a fork still reads (``apply_retention``); a
+        parent with forks that read its journal cannot be deleted (``SessionHasForks``).
+        """
+        ...
 
     async def get_session(self, session: str) -> SessionInfo: ...
 
+    async def update_meta(self, session: str, changes: Mapping[str, str]) -> SessionInfo:
+        """Set the ``changes`` keys of the session's meta (the others stay)."""
+        ...
+
     async def list_sessions(self) -> list[SessionInfo]: ...
+
+    async def positions(self) -> list[SessionPosition]:
+        """Every session's position, in one read (one statement)."""
+        ...
 
     async def delete_session(self, session: str) -> None: ...
 
@@ -210,6 +263,8 @@ class JournalStore(Protocol):
         """Keep the newest ``keep_snapshots`` snapshots; truncate the journal they cover.
 
         Entries are removed up to the oldest kept snapshot's watermark, but never past
-        the last acked turn: inbound entries still waiting for an owner stay.
+        the last acked turn: inbound entries still waiting for an owner stay; nor
+        entries a fork of the session still reads as its own (its fork point above its
+        own truncation point).
         """
         ...

@@ -60,6 +60,9 @@ def namespaced(plural: str, namespace: str, name: str | None = None) -> str:
 class KubeApi:
     def __init__(self, api: client.ApiClient) -> None:
         self.api = api
+        # Requests sent (the operator's idle cost is counted by them; Kopf's own
+        # watches and patches are not made here).
+        self.requests = 0
 
     async def _call(
         self,
@@ -70,6 +73,7 @@ class KubeApi:
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> Any:
+        self.requests += 1
         try:
             response = await self.api.call_api(
                 path,
@@ -96,6 +100,7 @@ class KubeApi:
     async def post_raw(self, path: str, *, query: Mapping[str, str]) -> tuple[int, str]:
         """A POST whose every answer is the caller's to read (a node proxy's: the kubelet
         answers with its own codes and plain-text errors): the status and the body."""
+        self.requests += 1
         try:
             response = await self.api.call_api(
                 path,

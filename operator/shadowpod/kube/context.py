@@ -71,6 +71,9 @@ class OperatorContext:
     # What each image reported when its pods ran, shared by every session's runtime
     # (and gone with this operator).
     known_images: dict[str, ImageInfo] = field(default_factory=dict)
+    # Each AgentSession's status as the watch last delivered it, (namespace, name) ->
+    # status: the operator's periodic look compares it with the gateway (``positions``).
+    watched_sessions: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     # When each object whose reconcile failed may be tried again.
     backoff: FailureBackoff = field(init=False)

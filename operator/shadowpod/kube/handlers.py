@@ -4,15 +4,17 @@ registered by ``registry`` on a registry of their own. What the operator holds (
 API client, the gateway's, settings, metrics) is in Kopf's memo, an ``OperatorMemo``
 given to ``kopf.operator`` and filled by the startup handler.
 
-- AgentSession: reconciled on create, on resume, on a spec change and every
-  ``reconcile_interval_s`` (level-triggered: an owner pod that died, a cordoned node,
-  a queued image change are found by the next pass); a finalizer cleans up.
+- AgentSession: reconciled on create, on resume, on a spec change, and every
+  ``reconcile_interval_s`` while it is not steady (``sessions.needs_passes``); a
+  steady one is looked at when an event says so, and by one read of every session's
+  position at the gateway per period (``positions``: its idle cost does not grow with
+  the sessions); a finalizer cleans up.
 - AgentMigration: a daemon per unfinished migration waits in the cluster-wide pacing
   queue (``admission``, one loop started at startup), then runs the engine; deleting
   it cancels it (Kopf stops the daemon, which rolls back before releasing).
 - AgentDeployment: its rollout planned on create, resume, any change (the plugin's
   resume and abort are annotations), every ``reconcile_interval_s``, and when one of
-  its migrations ends (``rollouts``).
+  its migrations ends or one of its sessions starts or stops serving (``rollouts``).
 - Node: a cordon is seen at once, and the sessions on it are reconciled.
 - Pod: an owner pod that became ready, stopped being ready or went: its session is
   reconciled at once.
@@ -42,7 +44,7 @@ from pydantic import ValidationError
 
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
-from shadowpod.kube import cleanup, migrations, names, rollouts, sessions, wakes
+from shadowpod.kube import cleanup, migrations, names, positions, rollouts, sessions, wakes
 from shadowpod.kube.admission import AdmissionQueue
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.config import OperatorConfig
@@ -131,6 +133,8 @@ class OperatorMemo:
     admitting: asyncio.Task[None] | None = None
     # One long-poll of the gateway's wake feed, for every session.
     wake_listener: asyncio.Task[None] | None = None
+    # One read of every session's position per period, for every session.
+    positions_look: asyncio.Task[None] | None = None
 
     @property
     def context(self) -> OperatorContext:
@@ -149,7 +153,13 @@ def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.resume(*SESSIONS, registry=reg)(session_changed)
     kopf.on.create(*SESSIONS, registry=reg)(session_changed)
     kopf.on.update(*SESSIONS, field="spec", registry=reg)(session_changed)
-    kopf.timer(*SESSIONS, interval=config.reconcile_interval_s, registry=reg)(session_timer)
+    kopf.timer(
+        *SESSIONS,
+        interval=config.reconcile_interval_s,
+        when=sessions.needs_passes,
+        registry=reg,
+    )(session_timer)
+    kopf.on.event(*SESSIONS, registry=reg)(session_seen)
     kopf.on.delete(*SESSIONS, registry=reg)(session_deleted)
     kopf.daemon(
         *MIGRATIONS,
@@ -186,21 +196,20 @@ async def startup(memo: OperatorMemo, settings: kopf.OperatorSettings, **_: Any)
         GatewayClient(config.gateway_url, config.control_token)
     )
     memo.started = OperatorContext(KubeApi(api), admin, http, config, memo.metrics)
+    memo.metrics.count_requests(lambda: memo.context.api.requests, lambda: admin.requests)
     memo.metrics.max_concurrent_migrations.set(config.max_concurrent_migrations)
     memo.queue = AdmissionQueue(memo.started)
     memo.admitting = asyncio.create_task(memo.queue.run())
     memo.wake_listener = asyncio.create_task(wakes.listen(memo.started), name="wake-listener")
+    memo.positions_look = asyncio.create_task(positions.run(memo.started), name="positions")
 
 
 async def shutdown(memo: OperatorMemo, **_: Any) -> None:
-    if memo.admitting is not None:
-        memo.admitting.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await memo.admitting
-    if memo.wake_listener is not None:
-        memo.wake_listener.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await memo.wake_listener
+    for task in (memo.admitting, memo.wake_listener, memo.positions_look):
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     await memo.resources.aclose()
 
 
@@ -226,6 +235,10 @@ async def _session_pass(memo: OperatorMemo, raw: dict[str, Any]) -> None:
     deployment = ((raw.get("spec") or {}).get("deploymentRef") or {}).get("name")
     if deployment and serving is not None and serving != was:
         await rollouts.reconcile_named(memo.context, raw["metadata"]["namespace"], deployment)
+
+
+async def session_seen(body: kopf.Body, type: str | None, memo: OperatorMemo, **_: Any) -> None:
+    sessions.watched(memo.context, body, gone=type == "DELETED")
 
 
 async def session_deleted(body: kopf.Body, retry: int, memo: OperatorMemo, **_: Any) -> None:

@@ -9,9 +9,11 @@ The alerts in the Helm chart (``charts/shadowpod``) and their tests read these n
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, Metric
 
 from shadowpod import __version__
 from shadowpod.fleet.progress import RolloutPhase
@@ -205,6 +207,17 @@ class OperatorMetrics:
         )
         self.build_info.labels(version=__version__).set(1)
 
+    def count_requests(self, api: Callable[[], int], gateway: Callable[[], int]) -> None:
+        """``shadowpod_operator_requests_total{to}``: the requests the operator's own
+        clients sent to the API server and to the gateway (read when scraped): its
+        idle cost, which does not grow with the number of sessions. An operator started
+        again with these metrics counts from its new clients."""
+        counts: _RequestCounts | None = getattr(self, "_request_counts", None)
+        if counts is None:
+            self._request_counts = counts = _RequestCounts(api, gateway)
+            self.registry.register(counts)
+        counts.counts = {"api": api, "gateway": gateway}
+
     def migration_in_phase(self, migration: str, phase: str | None, entered: float) -> None:
         """Migration ``migration`` entered ``phase`` at ``entered`` (None: it finished):
         each phase's gauge is the oldest entry of the migrations now in it, 0 when none."""
@@ -214,3 +227,19 @@ class OperatorMetrics:
         for changed in {p for p in (before[0] if before else None, phase) if p is not None}:
             times = [t for p, t in self._phases.values() if p == changed]
             self.phase_entered.labels(phase=changed).set(min(times) if times else 0)
+
+
+class _RequestCounts:
+    def __init__(self, api: Callable[[], int], gateway: Callable[[], int]) -> None:
+        self.counts = {"api": api, "gateway": gateway}
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "shadowpod_operator_requests",
+            "Requests the operator's clients sent, to the API server or the gateway"
+            " (Kopf's watches not included).",
+            labels=["to"],
+        )
+        for to, count in self.counts.items():
+            family.add_metric([to], count())
+        yield family

@@ -119,6 +119,35 @@ async def migrate(
     return await api.create(namespaced("agentmigrations", namespace), manifest)
 
 
+async def fork(
+    api: KubeApi,
+    namespace: str,
+    parent: str,
+    name: str,
+    *,
+    seq: int | None,
+    snapshot: int | None,
+    image: str | None = None,
+) -> dict[str, Any]:
+    """A new AgentSession ``name``: the parent's spec (running; on ``image`` if given),
+    started as a fork of the parent at ``seq`` or at its snapshot ``snapshot``."""
+    body = await api.get(namespaced("agentsessions", namespace, parent))
+    if body is None:
+        raise LookupError(f"AgentSession {parent!r} not found in namespace {namespace!r}")
+    spec = {
+        k: v for k, v in body["spec"].items() if k not in ("forkFrom", "operatingMode", "pinned")
+    }
+    point: dict[str, Any] = {"session": parent}
+    point.update({"seq": seq} if seq is not None else {"snapshot": snapshot})
+    manifest = {
+        "apiVersion": API_VERSION,
+        "kind": "AgentSession",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {**spec, **({"image": image} if image else {}), "forkFrom": point},
+    }
+    return await api.create(namespaced("agentsessions", namespace), manifest)
+
+
 async def migration(api: KubeApi, namespace: str, name: str) -> dict[str, Any] | None:
     return await api.get(namespaced("agentmigrations", namespace, name))
 

@@ -46,6 +46,13 @@ SIGNALLED: Final = 128
 # kubelet backs off (a first ``ErrImagePull`` alone may be a registry's hiccup).
 UNPULLABLE: Final = frozenset({"ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+# The engine polls an instance's status every 10-50 ms; the pod behind it changes at
+# the kubelet's pace (its status updates take a second or more). So a pod is read
+# from the API server at most this often, the agent's own status (on the pod's IP,
+# not the API server) each time: on a real API server, 100 moves at once polling
+# their pods at the engine's pace were 2,000+ GETs a second, and every read
+# timed out (issue 23).
+POD_REFRESH_S: Final = 0.5
 
 
 class NodeNotFound(RuntimeFailure):
@@ -77,6 +84,19 @@ class PodRuntime:
         self.migration = migration
         self.node = node
         self.source_info: ImageInfo | None = None
+        # Each pod's last read: (monotonic time, the pod or None when it was gone).
+        self._read: dict[str, tuple[float, dict[str, Any] | None]] = {}
+
+    async def _pod_now(self, name: str) -> dict[str, Any] | None:
+        """The pod ``name``, read again once ``POD_REFRESH_S`` has passed since the
+        last read (a start or a stop reads it again at once)."""
+        now = asyncio.get_running_loop().time()
+        read = self._read.get(name)
+        if read is not None and now - read[0] < POD_REFRESH_S:
+            return read[1]
+        pod = await self.ctx.api.get(self._pod(name))
+        self._read[name] = (now, pod)
+        return pod
 
     def _pod(self, name: str | None = None) -> str:
         return namespaced("pods", self.namespace, name)
@@ -124,6 +144,7 @@ class PodRuntime:
         return missing
 
     async def start(self, spec: InstanceSpec) -> None:
+        self._read.pop(spec.name, None)
         if self.node is not None and await self._node_missing(self.node):
             raise NodeNotFound(
                 f"node {self.node!r} does not exist: the pod of {spec.name!r} could never"
@@ -157,7 +178,7 @@ class PodRuntime:
             return
 
     async def status(self, name: str) -> InstanceStatus:
-        pod = await self.ctx.api.get(self._pod(name))
+        pod = await self._pod_now(name)
         if pod is None:
             return InstanceStatus(name=name, alive=False, mode="crashed", error="the pod is gone")
         terminated = _terminated(pod)
@@ -218,6 +239,7 @@ class PodRuntime:
 
     async def stop(self, name: str, *, grace_s: float) -> None:
         """Delete the pod with ``grace_s`` (SIGTERM, then SIGKILL), and wait until it is gone."""
+        self._read.pop(name, None)
         deleted = await self.ctx.api.delete(self._pod(name), grace_s=int(grace_s))
         if not deleted:
             return

@@ -21,7 +21,8 @@ any two steps repeats safely:
    says whether the session is suspended; a resume starts the owner it names and opens
    delivery once that pod is ready.
 
-``reconcile_and_patch`` is the only writer of an AgentSession's status: every pass
+``reconcile_and_patch`` writes an AgentSession's status (and ``refresh_journal`` its
+journal figures alone, from the gateway's positions): every pass
 writes it whole from what it saw (``activeMigration`` and ``lastMigration`` from the
 AgentMigrations it lists), and a pass that fails says why there.
 """
@@ -32,6 +33,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -39,7 +41,13 @@ from typing import Any, Final
 import aiohttp
 from pydantic import ValidationError
 
-from shadowpod.api.models import CreateSession, CredentialSpec, OwnershipChange, ScheduleSpec
+from shadowpod.api.models import (
+    CreateSession,
+    CredentialSpec,
+    ForkFrom,
+    OwnershipChange,
+    ScheduleSpec,
+)
 from shadowpod.client.gateway import GatewayError
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.ports import GatewayUnavailable
@@ -194,12 +202,19 @@ async def ensure_token_secret(ctx: OperatorContext, session: AgentSession) -> tu
     return base64.b64decode(secret["data"][names.TOKEN_KEY]).decode(), owner_key
 
 
+# What the gateway says when a fork cannot be made as the spec asks.
+FORK_REFUSALS: Final = ("SessionNotFound", "SnapshotNotFound", "InvalidForkPoint")
+
+
 async def ensure_gateway_session(
     ctx: OperatorContext, session: AgentSession, token: str, owner_key: str
-) -> None:
+) -> Problem | None:
     """The session in the gateway, with the owner key: owner writes then need the
     credential of the pod the ownership record names (``kube.credentials``). A session
-    the gateway already has keeps what it was made with."""
+    the gateway already has keeps what it was made with. A fork the gateway cannot make
+    (no such parent, snapshot or seq) is a problem to report, asked again later."""
+    fork = session.spec.fork_from
+    namespace = session.metadata.namespace or "default"
     request = CreateSession(
         session=gateway_id(session),
         meta={"namespace": session.metadata.namespace or "", "name": session.metadata.name or ""},
@@ -213,12 +228,28 @@ async def ensure_gateway_session(
         ],
         agent_token_sha256=token_hash(token),
         owner_key=owner_key,
+        fork_from=None
+        if fork is None
+        else ForkFrom(
+            session=names.gateway_session(namespace, fork.session),
+            seq=fork.seq,
+            snapshot=fork.snapshot,
+        ),
     )
     try:
         await gateway_call(ctx, lambda: ctx.admin.create_session(request))
     except GatewayError as exc:
+        if fork is not None and exc.reason in FORK_REFUSALS:
+            return Problem(
+                "ForkRefused",
+                f"cannot fork AgentSession {fork.session!r}: {exc.message}; correct"
+                " spec.forkFrom (it is asked again)",
+            )
         if exc.reason != "SessionExists":
             raise
+    keep = session.spec.checkpoint.retain_snapshots
+    await gateway_call(ctx, lambda: ctx.admin.set_retention(request.session, keep))
+    return None
 
 
 async def ensure_budget(ctx: OperatorContext, session: AgentSession) -> None:
@@ -321,11 +352,20 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     established = status.get("epoch") is not None and status.get("observedGeneration") == generation
     if not established:
         token, owner_key = await ensure_token_secret(ctx, session)
-        await ensure_gateway_session(ctx, session, token, owner_key)
+        refused = await ensure_gateway_session(ctx, session, token, owner_key)
+        if refused is not None:
+            if said != refused.reason:
+                await ctx.event(body, "Warning", refused.reason, refused.message)
+            ctx.problems_said[key] = refused.reason
+            return Observed(phase="Pending", degraded=refused)
     gid = gateway_id(session)
     ownership = await gateway_call(ctx, lambda: ctx.admin.ownership(gid))
-    if ownership.epoch == 0:
-        change = OwnershipChange(expect_epoch=0, epoch=1, owner=names.new_instance(name))
+    if ownership.owner is None:  # new (epoch 0), or a fork (its parent's epoch)
+        change = OwnershipChange(
+            expect_epoch=ownership.epoch,
+            epoch=ownership.epoch + 1,
+            owner=names.new_instance(name),
+        )
         ownership = await gateway_call(ctx, lambda: ctx.admin.set_ownership(gid, change))
     if not established:
         await ensure_budget(ctx, session)
@@ -708,6 +748,47 @@ async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> boo
         else:
             ctx.backoff.succeeded(failing)
         return seen.ready
+
+
+def needs_passes(body: Mapping[str, Any], **_: Any) -> bool:
+    """Whether the session keeps a periodic pass: while it is not steady. A steady
+    session (its owner ready at the spec it was made for, nothing degraded, no
+    migration; or suspended) changes only by what the operator is told of: a watch
+    event (spec, owner pod, node, migration), a wake, or the gateway's positions
+    (``kube.positions``). Idleness is a matter of time, not of events: a session that
+    suspends when idle keeps its passes while it runs."""
+    status = body.get("status") or {}
+    spec = body.get("spec") or {}
+    if status.get("observedGeneration") != body.get("metadata", {}).get("generation"):
+        return True
+    if status.get("activeMigration") or status.get("epoch") is None:
+        return True
+    state = {c.get("type"): c.get("status") for c in status.get("conditions", [])}
+    if state.get("Degraded") != "False":
+        return True
+    phase = status.get("phase")
+    if phase == "Suspended":
+        return False
+    return phase != "Running" or state.get("Ready") != "True" or bool(spec.get("idleSuspendAfter"))
+
+
+def watched(ctx: OperatorContext, body: Mapping[str, Any], *, gone: bool) -> None:
+    """Keep the session's status as the watch delivered it (``kube.positions``)."""
+    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+    if gone:
+        ctx.watched_sessions.pop(key, None)
+    else:
+        ctx.watched_sessions[key] = dict(body.get("status") or {})
+
+
+async def refresh_journal(
+    ctx: OperatorContext, namespace: str, name: str, journal: JournalStatus
+) -> None:
+    """The journal figures of the session's status, from the gateway's positions: the
+    one write to a status besides a pass's (nothing else in it depends on them)."""
+    async with lock(ctx, namespace, name):
+        patch = {"status": {"journal": journal.model_dump(mode="json", by_alias=True)}}
+        await ctx.api.patch(_status_path(namespace, name), patch)
 
 
 async def reconcile_named(ctx: OperatorContext, namespace: str, name: str) -> None:

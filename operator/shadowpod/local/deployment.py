@@ -9,10 +9,10 @@ from pathlib import Path
 from types import TracebackType
 
 from shadowpod.agent.identity import SessionIdentity
-from shadowpod.api.models import CreateSession, CredentialSpec, ScheduleSpec
+from shadowpod.api.models import CreateSession, CredentialSpec, ForkFrom, ScheduleSpec
 from shadowpod.client.control import GatewayControl
 from shadowpod.client.gateway import GatewayClient
-from shadowpod.client.sessions import FIRST_EPOCH, start_session
+from shadowpod.client.sessions import start_session
 from shadowpod.engine.engine import MigrationEngine
 from shadowpod.engine.ports import InstanceSpec, InstanceStatus
 from shadowpod.engine.record import (
@@ -24,7 +24,7 @@ from shadowpod.engine.record import (
 )
 from shadowpod.local.criu import CriuRuntime
 from shadowpod.local.gateway_process import GatewayProcess
-from shadowpod.local.images import ImageMap
+from shadowpod.local.images import DescribedImages, ImageMap
 from shadowpod.local.records import FileRecordStore
 from shadowpod.local.runtime import LocalRuntime
 from shadowpod.local.validation import local_validator
@@ -41,10 +41,12 @@ class LocalDeployment:
         warm_spares: bool = False,
         checkpoints: bool = False,
         gateway_port: int | None = None,
+        described: DescribedImages | None = None,
     ) -> None:
         """``checkpoints``: agents that CRIU can checkpoint (``shadowpod.local.criu``),
         and migrations with the ``criu`` strategy; no warm spares then.
-        ``gateway_port``: the gateway's (default: a free one)."""
+        ``gateway_port``: the gateway's (default: a free one). ``described``: where
+        what images' code said of their schemas is kept (default: the user's cache)."""
         # Absolute: instances and the gateway are told paths that must not depend on
         # the directory they run in.
         workdir = workdir.absolute()
@@ -60,7 +62,11 @@ class LocalDeployment:
             self.checkpointer = self.runtime
         else:
             self.runtime = LocalRuntime(
-                images, gateway_url=self.gateway.url, workdir=workdir, warm_spares=warm_spares
+                images,
+                gateway_url=self.gateway.url,
+                workdir=workdir,
+                warm_spares=warm_spares,
+                described=described,
             )
         self.records = FileRecordStore(workdir / "migrations")
         self.admin = GatewayClient(self.gateway.url, self.gateway.control_token)
@@ -108,13 +114,16 @@ class LocalDeployment:
         schedules: Sequence[ScheduleSpec] = (),
         identity: SessionIdentity | None = None,
         owner_key: str | None = None,
+        fork_from: ForkFrom | None = None,
     ) -> str:
         """Create ``session`` and start its first owner (epoch 1). Returns the agent
         token. ``identity``: who the agent is (its name and principles), as files.
         Owners write with credentials derived from ``owner_key`` (made here if not
-        given; a caller that restarts the session later keeps it), kept by the runtime."""
+        given; a caller that restarts the session later keeps it), kept by the runtime.
+        ``fork_from``: the session is a fork, its first owner at the epoch after its
+        parent's, restoring the parent's state at the fork point."""
         owner_key = owner_key or new_owner_key()
-        created, _ = await start_session(
+        created, ownership = await start_session(
             self.admin,
             CreateSession(
                 session=session,
@@ -124,6 +133,7 @@ class LocalDeployment:
                 ],
                 schedules=list(schedules),
                 owner_key=owner_key,
+                fork_from=fork_from,
             ),
             owner=instance,
         )
@@ -132,7 +142,7 @@ class LocalDeployment:
         self.runtime.register_session(session, created.agent_token, identity, owner_key)
         await self.runtime.start(
             InstanceSpec(
-                name=instance, image=image, session=session, mode="owner", epoch=FIRST_EPOCH
+                name=instance, image=image, session=session, mode="owner", epoch=ownership.epoch
             )
         )
         await self.wait_serving(instance)

@@ -14,18 +14,29 @@ Schema versions are the agent's code's to say (``Agent(state_schema=...)`` and i
 runs the command once with ``SHADOWPOD_DESCRIBE=1`` and reads what the code declares.
 A map that gives them overrides the code (a test's deliberately wrong claim).
 
+What the code said is kept on disk by the image's digest (``LocalImage.digest``: its
+command, env and the bytes of the files its command names, with the Python files
+beside them), in ``DescribedImages`` — so the next runtime (another ``shadowpod``
+command, a restarted engine) does not start that image again to ask: starting a
+LangGraph agent to ask took 8-17 s of a move's Preflight. Change the agent's code
+and its digest changes: it is asked again.
+
 Placeholders in commands and env values: ``{python}`` (this interpreter),
 ``{examples}`` (the examples directory), ``{here}`` (the map file's directory).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
 import site
 import sys
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -40,6 +51,23 @@ class LocalImage(BaseModel):
     state_schema: int | None = Field(default=None, ge=1)
     reads_state_schemas: list[int] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+
+    def digest(self) -> str:
+        """What the image is, as a content hash: its command and env, and the bytes of
+        every file its command names with the Python files beside each (where an
+        agent's declaration lives); another interpreter is another command."""
+        hashed = hashlib.sha256()
+        hashed.update(json.dumps([self.command, self.env], sort_keys=True).encode())
+        for part in self.command:
+            path = Path(part)
+            if not path.is_file():
+                continue
+            beside = sorted(p for p in path.parent.glob("*.py") if p.is_file() and p != path)
+            for file in [path, *beside]:
+                hashed.update(str(file).encode())
+                with contextlib.suppress(OSError):
+                    hashed.update(hashlib.sha256(file.read_bytes()).digest())
+        return hashed.hexdigest()
 
     def info(self, image: str) -> ImageInfo | None:
         """What the map declares of ``image``; ``None`` when its code must say."""
@@ -94,6 +122,55 @@ class ImageMap(BaseModel):
             }
             images[image] = spec
         return cls.model_validate({"images": images})
+
+
+DESCRIBED_DIR_ENV: Final = "SHADOWPOD_DESCRIBED_IMAGES"
+
+
+def default_described_dir() -> Path:
+    """Where what images' code said is kept: ``$SHADOWPOD_DESCRIBED_IMAGES``, else
+    ``$XDG_CACHE_HOME/shadowpod/described-images`` (``~/.cache`` by default)."""
+    configured = os.environ.get(DESCRIBED_DIR_ENV)
+    if configured:
+        return Path(configured)
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "shadowpod" / "described-images"
+
+
+class DescribedImages:
+    """What images' code said of their schema versions, one file per image digest. A
+    file that cannot be read is as if missing (the image is asked again)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def get(self, image: str, digest: str) -> ImageInfo | None:
+        try:
+            said = json.loads((self.directory / f"{digest}.json").read_text())
+            return ImageInfo(
+                image=image,
+                state_schema=said["state_schema"],
+                reads_state_schemas=said["reads_state_schemas"],
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, digest: str, info: ImageInfo) -> None:
+        """Kept atomically (a reader sees the whole file or none); a directory that
+        cannot be written only means the next runtime asks again."""
+        said = {
+            "image": info.image,
+            "state_schema": info.state_schema,
+            "reads_state_schemas": info.reads_state_schemas,
+        }
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
+            with os.fdopen(fd, "w") as out:
+                json.dump(said, out)
+            os.replace(tmp, self.directory / f"{digest}.json")
+        except OSError:
+            return
 
 
 def examples_dir() -> Path:

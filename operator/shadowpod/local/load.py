@@ -193,7 +193,16 @@ class ClientLoad:
                         )
                         self.replies.setdefault(turn, []).append(reply)
                         self.reply_order.append(turn)
-            except (aiohttp.ClientError, TimeoutError, GatewayError):
+            except GatewayError as exc:
+                if exc.reason == "JournalTruncated":
+                    # Retention removed processed entries behind the oldest kept
+                    # snapshot: this load's replies are after them; go on from there.
+                    with contextlib.suppress(aiohttp.ClientError, TimeoutError, GatewayError):
+                        status = await self.client.status(self.session)
+                        self._last_seen = max(self._last_seen, status.truncated_through)
+                        continue
+                await asyncio.sleep(RETRY_S)
+            except (aiohttp.ClientError, TimeoutError):
                 await asyncio.sleep(RETRY_S)
 
     async def wait_answered(self, timeout_s: float, *, sent_before: float | None = None) -> bool:

@@ -49,7 +49,12 @@ from shadowpod.engine.ports import (
 )
 from shadowpod.eventloop import EXIT_WITH_PARENT_ENV
 from shadowpod.local.exits import TERMINATION_LOG, exit_reason
-from shadowpod.local.images import ImageMap, LocalImage
+from shadowpod.local.images import (
+    DescribedImages,
+    ImageMap,
+    LocalImage,
+    default_described_dir,
+)
 from shadowpod.local.orphans import INVENTORY_ENV, TAG_ENV, Reaped, drain_report, kill_tagged
 from shadowpod.sessions.tokens import owner_credential
 
@@ -106,8 +111,12 @@ class LocalRuntime:
         credentials_dir: Path | None = None,
         env: dict[str, str] | None = None,
         warm_spares: bool = False,
+        described: DescribedImages | None = None,
     ) -> None:
+        """``described``: where what images' code said is kept across runtimes (by
+        default the user's cache, ``images.default_described_dir``)."""
         self.images = images
+        self.described = described or DescribedImages(default_described_dir())
         self.gateway_url = gateway_url
         self.workdir = workdir
         self.credentials_dir = credentials_dir or workdir / "credentials"
@@ -195,7 +204,12 @@ class LocalRuntime:
         if declared is not None:
             return declared
         if image not in self._described:
-            self._described[image] = await self._ask_code(image, local)
+            digest = local.digest()
+            known = self.described.get(image, digest)
+            if known is None:
+                known = await self._ask_code(image, local)
+                self.described.put(digest, known)
+            self._described[image] = known
         return self._described[image]
 
     async def _ask_code(self, image: str, local: LocalImage) -> ImageInfo:

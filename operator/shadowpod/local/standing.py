@@ -12,7 +12,9 @@ through the engine. Other commands reach it over a Unix socket in the work direc
 - ``POST /migrations`` ``{"session", "to"}`` — starts a migration, answers at once
   with its id (202); an unknown session or image, or a migration already running for
   the session, is a 4xx ``{"reason", "message"}``;
-- ``GET /migrations/{id}`` — its record as the engine saved it last.
+- ``GET /migrations/{id}`` — its record as the engine saved it last;
+- ``POST /suspend``, ``POST /resume`` ``{"session"}``; ``POST /fork`` ``{"session",
+  "name", "seq"}`` — a new session from the session's state at ``seq``, served here.
 
 The migration runs here, not in the command that asked for it: a ``migrate`` that is
 interrupted stops watching, and the session keeps its owner whatever happens.
@@ -36,6 +38,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
+from shadowpod.api.models import ForkFrom
 from shadowpod.client.gateway import GatewayError
 from shadowpod.engine.ports import ImageNotFound, InstanceSpec
 from shadowpod.engine.record import InstanceRef, MigrationRecord, Phase
@@ -239,6 +242,31 @@ class StandingDeployment:
             ],
         }
 
+    async def fork(self, parent: str | None, name: str, seq: int) -> dict[str, Any]:
+        """A new session ``name`` from ``parent``'s state at ``seq`` (its journal
+        shared up to there), its own owner on the parent's image; the parent serves on."""
+        async with self._lifecycle:
+            standing = self._session(parent)
+            if name in self.sessions:
+                raise MigrationRefused("SessionExists", f"session {name!r} exists", status=409)
+            owner = InstanceRef(name=self.deployment.next_name(name), image=standing.owner.image)
+            owner_key = new_owner_key()
+            _write_secret(self._owner_key_file(name), owner_key)
+            try:
+                token = await self.deployment.create_session(
+                    name,
+                    image=owner.image,
+                    instance=owner.name,
+                    owner_key=owner_key,
+                    fork_from=ForkFrom(session=standing.name, seq=seq),
+                )
+            except GatewayError as exc:
+                raise MigrationRefused(exc.reason, exc.message, status=exc.status) from exc
+            self.sessions[name] = StandingSession(name, owner, token)
+            _write_secret(self._token_file(name), token)
+            self._write_deployment_file()
+            return {"session": name, "fork_of": standing.name, "seq": seq, "owner": owner.name}
+
     async def suspend(self, session: str | None) -> dict[str, Any]:
         """Suspend ``session``: its owner fenced out and stopped, messages kept."""
         async with self._lifecycle:
@@ -366,6 +394,7 @@ class StandingDeployment:
         app.router.add_get("/migrations/{id}", _json(self._get_migration))
         app.router.add_post("/suspend", _json(self._post_suspend))
         app.router.add_post("/resume", _json(self._post_resume))
+        app.router.add_post("/fork", _json(self._post_fork))
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         self.socket.unlink(missing_ok=True)
@@ -374,6 +403,17 @@ class StandingDeployment:
 
     async def _post_suspend(self, request: web.Request) -> tuple[int, Any]:
         return await self._lifecycle_call(request, self.suspend)
+
+    async def _post_fork(self, request: web.Request) -> tuple[int, Any]:
+        try:
+            body = await request.json()
+            parent, name, seq = body.get("session"), str(body["name"]), int(body["seq"])
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return 400, {"reason": "BadRequest", "message": 'send {"name": N, "seq": S}'}
+        try:
+            return 201, await self.fork(None if parent is None else str(parent), name, seq)
+        except MigrationRefused as exc:
+            return exc.status, {"reason": exc.reason, "message": str(exc)}
 
     async def _post_resume(self, request: web.Request) -> tuple[int, Any]:
         return await self._lifecycle_call(request, self.resume_session)

@@ -88,6 +88,11 @@ class StandingClient:
         answer: dict[str, Any] = await self._call("POST", "/suspend", {"session": session})
         return answer
 
+    async def fork(self, name: str, seq: int, *, session: str | None = None) -> dict[str, Any]:
+        body = {"session": session, "name": name, "seq": seq}
+        answer: dict[str, Any] = await self._call("POST", "/fork", body)
+        return answer
+
     async def resume(self, *, session: str | None = None) -> dict[str, Any]:
         answer: dict[str, Any] = await self._call("POST", "/resume", {"session": session})
         return answer

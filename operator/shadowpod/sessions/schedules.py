@@ -7,6 +7,14 @@ fire exactly-once — whoever owns the session at that moment, across gateway re
 Fires missed while no gateway ran are coalesced into one (the latest due), the way
 cron does not replay a night of missed minutes.
 
+Across gateway replicas (one PostgreSQL journal), only the replica that serves a
+session fires its schedules (``FiringRight``: the session's lease): a due fire of a
+session nobody serves is taken with its lease, one of a session another replica
+serves is left to it, and asked about again ``recheck_s`` later. A replica that comes
+to serve a session re-reads its journal before firing (the former holder may have
+fired or changed its schedules meanwhile): fires stay exactly once, and a dead
+holder's fires resume within its lease time plus ``recheck_s`` and one tick.
+
 One firer serves every session of the gateway, so no session may cost the others
 their fires: a period is held to the journal's bounds (a snapshot document is not
 checked for them), a tick reads a bounded part of each session's journal, and a
@@ -20,10 +28,10 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Final
+from typing import Final, Protocol
 
 from shadowpod.domain.bounds import INT64_MAX
 from shadowpod.domain.entries import NewEntry, schedule_fire_id
@@ -134,6 +142,16 @@ class ScheduleBook:
         return False
 
 
+class FiringRight(Protocol):
+    """Which sessions this process fires the schedules of (the others' are another's)."""
+
+    async def serving(self, sessions: Collection[str]) -> dict[str, int]:
+        """The sessions among ``sessions`` this process serves now, taking those nobody
+        serves; each with a number that changes whenever another process served the
+        session in between (the lease's generation)."""
+        ...
+
+
 @dataclass
 class _Backoff:
     failures: int
@@ -147,8 +165,20 @@ class ScheduleFirer:
         *,
         clock: Clock = _utcnow,
         on_fire: Callable[[], None] | None = None,
+        right: FiringRight | None = None,
+        recheck_s: float = 2.0,
+        rediscover_s: float | None = None,
     ) -> None:
         self._store = store
+        # None: this process fires every session's schedules (one gateway).
+        self._right = right
+        self._recheck_s = recheck_s
+        # With several replicas, sessions created through another one are found by
+        # listing the journal's sessions this often (one statement).
+        self._rediscover_s = rediscover_s
+        self._next_discovery = 0.0
+        self._parked: dict[str, float] = {}  # served elsewhere: ask again at (monotonic)
+        self._served_under: dict[str, int] = {}  # the lease generation last fired under
         self._clock = clock
         self._on_fire = on_fire  # called for every fire this firer journaled
         self._books: dict[str, ScheduleBook] = {}
@@ -170,6 +200,8 @@ class ScheduleFirer:
 
     def forget(self, session: str) -> None:
         self._books.pop(session, None)
+        self._parked.pop(session, None)
+        self._served_under.pop(session, None)
         self._dirty.discard(session)
         self._backoff.pop(session, None)
         self._reported = {r for r in self._reported if r[0] != session}
@@ -178,9 +210,18 @@ class ScheduleFirer:
         """Sessions whose schedule work is failing, and waits for a retry."""
         return set(self._backoff)
 
+    async def discover(self) -> None:
+        """Take up the sessions of the journal this firer does not know yet."""
+        for info in await self._store.list_sessions():
+            if info.session not in self._books:
+                self.touch(info.session)
+
     async def run(self) -> None:
         while True:
             try:
+                if self._rediscover_s is not None and time.monotonic() >= self._next_discovery:
+                    self._next_discovery = time.monotonic() + self._rediscover_s
+                    await self.discover()
                 delay = await self.tick()
             except asyncio.CancelledError:
                 raise
@@ -213,9 +254,36 @@ class ScheduleFirer:
                     due.setdefault(session, []).append((schedule, fire_no))
                 else:
                     soonest = min(soonest, (at - now).total_seconds())
+        if due and self._right is not None:
+            await self._keep_served(due)
         await self._each(due, lambda session: self._fire(session, due[session]))
         # A session that fired is re-scanned at once, to see its fires and move on.
         return 0.0 if self._dirty else soonest
+
+    async def _keep_served(self, due: dict[str, list[tuple[Schedule, int]]]) -> None:
+        """Drop from ``due`` the sessions another process serves, and those this one has
+        just come to serve (re-read first: their former server may have fired them)."""
+        assert self._right is not None
+        mono = time.monotonic()
+        asking = [s for s in due if self._parked.get(s, 0.0) <= mono]
+        try:
+            served = await self._right.serving(asking) if asking else {}
+        except Exception as exc:  # noqa: BLE001 — unproven: fire nothing, ask next tick
+            logger.warning("cannot tell which sessions this replica serves (%s); no fires", exc)
+            due.clear()
+            return
+        for session in list(due):
+            generation = served.get(session)
+            if generation is None:
+                del due[session]
+                if session in asking:
+                    self._parked[session] = mono + self._recheck_s
+                continue
+            self._parked.pop(session, None)
+            if self._served_under.get(session) != generation:
+                self._served_under[session] = generation
+                del due[session]
+                self._dirty.add(session)
 
     async def _each(self, sessions: Iterable[str], work: Callable[[str], Awaitable[None]]) -> None:
         """``work`` for each session, a few at a time; a session whose work fails is

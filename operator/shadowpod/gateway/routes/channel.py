@@ -39,7 +39,7 @@ from shadowpod.gateway.context import (
     required_int_query,
     session_of,
 )
-from shadowpod.gateway.errors import STATUS_OF, ApiError, field_errors
+from shadowpod.gateway.errors import ApiError, field_errors, status_of
 from shadowpod.gateway.routes.owner import deliver, owner_append
 from shadowpod.journal.errors import Fenced, OwnerMismatch
 from shadowpod.sessions.gates import SessionGate, Superseded
@@ -187,7 +187,7 @@ class OwnerChannel:
                 request_id, exc.status, exc.reason, str(exc), [e.model_dump() for e in exc.errors]
             )
         except ShadowpodError as exc:
-            await self._error(request_id, STATUS_OF.get(type(exc), 400), exc.reason, str(exc))
+            await self._error(request_id, status_of(exc), exc.reason, str(exc))
 
     async def _error(
         self,

@@ -21,6 +21,7 @@ from shadowpod.gateway.context import (
 from shadowpod.gateway.errors import read_body
 from shadowpod.gateway.streams import EntryFilter, open_stream, pump, resume_point
 from shadowpod.journal.store import JournalStore, Writer
+from shadowpod.sessions import retention
 
 routes = web.RouteTableDef()
 # When a client whose message woke a session is told to look for the answer.
@@ -139,5 +140,8 @@ async def get_session(request: web.Request) -> web.Response:
         last_fence_pause_ms=pause,
         fence_pause_pending=gate is not None and gate.pause_pending,
         latest_snapshot=snapshots[-1].watermark if snapshots else None,
+        journal_entries=retention.own_entries(info.head, info.truncated_through, info.fork_seq),
+        fork_of=info.fork_of,
+        fork_seq=info.fork_seq,
     )
     return json_response(status)

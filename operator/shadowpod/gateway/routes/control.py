@@ -8,10 +8,15 @@ from shadowpod.api.models import (
     CreateSession,
     FenceRequest,
     FenceResult,
+    ForkFrom,
     OwnerCredential,
     OwnerCredentialRequest,
     OwnershipChange,
+    RetentionApplied,
+    RetentionPolicy,
     SessionCreated,
+    SessionPosition,
+    SessionPositions,
     SessionSummary,
     SnapshotRequest,
     SnapshotRequested,
@@ -26,9 +31,11 @@ from shadowpod.domain.payloads import (
     ScheduleOp,
     SchedulePayload,
 )
-from shadowpod.gateway.context import gateway, json_response, session_of
+from shadowpod.gateway.context import Gateway, gateway, json_response, session_of
 from shadowpod.gateway.errors import ApiError, parse_body, read_body, read_raw_body
 from shadowpod.journal.errors import EpochConflict
+from shadowpod.journal.store import ForkPoint
+from shadowpod.sessions import retention
 from shadowpod.sessions.fence import FenceTimeout
 from shadowpod.sessions.tokens import (
     AGENT_TOKEN_META,
@@ -60,10 +67,16 @@ async def create_session(request: web.Request) -> web.Response:
         meta[OWNER_KEY_META] = body.owner_key
     elif body.owner_credentials:
         meta[OWNER_KEY_META] = new_owner_key()
-    await gw.store.create_session(body.session, meta=meta)
+    fork = None if body.fork_from is None else await _fork_point(gw, body.fork_from)
+    info = await gw.store.create_session(body.session, meta=meta, fork=fork)
+    # A fork's journal holds its parent's credentials and schedules already, under the
+    # same ids: its own (the ones it was made with) are journaled after the fork point
+    # under ids of its own, and take over from the parent's.
+    prefix = "" if fork is None else f"fork:{body.session}:"
     entries = [
         NewEntry.of(
-            CredentialPayload(name=c.name, secret_ref=c.secret_ref), id=f"credential:{c.name}"
+            CredentialPayload(name=c.name, secret_ref=c.secret_ref),
+            id=f"{prefix}credential:{c.name}",
         )
         for c in body.credentials
     ]
@@ -72,17 +85,29 @@ async def create_session(request: web.Request) -> web.Response:
             SchedulePayload(
                 schedule_id=s.schedule_id, op=ScheduleOp.SET, every_s=s.every_s, content=s.content
             ),
-            id=f"schedule-set:{s.schedule_id}",
+            id=f"{prefix}schedule-set:{s.schedule_id}",
         )
         for s in body.schedules
     ]
     if entries:
         await gw.store.append(body.session, entries)
         gw.metrics.appends.labels(source="control").inc(len(entries))
-    if body.schedules:
+    if body.schedules or fork is not None:
         gw.firer.touch(body.session)
-    created = SessionCreated(session=body.session, agent_token=token)
+    created = SessionCreated(
+        session=body.session, agent_token=token, fork_of=info.fork_of, fork_seq=info.fork_seq
+    )
     return json_response(created.model_dump(mode="json", exclude_none=True), status=201)
+
+
+async def _fork_point(gw: Gateway, fork_from: ForkFrom) -> ForkPoint:
+    """The seq a fork starts at: the one asked for, or the watermark of the snapshot
+    asked for (which must exist: the fork starts from it)."""
+    if fork_from.seq is not None:
+        return ForkPoint(fork_from.session, fork_from.seq)
+    assert fork_from.snapshot is not None
+    snapshot = await gw.store.get_snapshot(fork_from.session, fork_from.snapshot)
+    return ForkPoint(fork_from.session, snapshot.info.watermark)
 
 
 @routes.post("/v1/sessions/{session}/owner-credentials", name="mint_owner_credential")
@@ -120,6 +145,29 @@ async def list_sessions(request: web.Request) -> web.Response:
     )
 
 
+@routes.get("/v1/positions", name="get_positions")
+async def get_positions(request: web.Request) -> web.Response:
+    """Every session's head, acked turn and ownership, in one read: the operator's
+    periodic look costs one request whatever the number of sessions."""
+    gw = gateway(request)
+    gw.auth.control(request)
+    positions = await gw.store.positions()
+    return json_response(
+        SessionPositions(
+            sessions=[
+                SessionPosition(
+                    session=p.session,
+                    head=p.head,
+                    acked=p.acked,
+                    epoch=p.epoch,
+                    fence=FenceState(p.fence),
+                )
+                for p in positions
+            ]
+        )
+    )
+
+
 @routes.delete("/v1/sessions/{session}", name="delete_session")
 async def delete_session(request: web.Request) -> web.Response:
     gw = gateway(request)
@@ -128,6 +176,19 @@ async def delete_session(request: web.Request) -> web.Response:
     await gw.store.delete_session(session)
     gw.forget(session)
     return web.Response(status=204)
+
+
+@routes.put("/v1/sessions/{session}/retention", name="put_retention")
+async def put_retention(request: web.Request) -> web.Response:
+    """Set the session's retention policy and apply it now; the gateway applies it
+    again after every snapshot stored."""
+    gw = gateway(request)
+    gw.auth.control(request)
+    session = session_of(request)
+    body = await read_body(request, RetentionPolicy)
+    done = await retention.set_policy(gw.store, session, body.keep_snapshots)
+    applied = RetentionApplied(keep_snapshots=body.keep_snapshots, **done.model_dump())
+    return json_response(applied)
 
 
 @routes.get("/v1/sessions/{session}/ownership", name="get_ownership")

@@ -202,7 +202,7 @@ async def post_ack(request: web.Request) -> web.Response:
         results = await owner_append(gw, session, [ack], body.epoch, owner)
     except InvalidTurn as exc:  # beyond the head, or not an inbound entry: nothing acked
         problem = f"{body.turn} is not an inbound entry at or below the head ({exc.head})"
-        raise ApiError(400, exc.reason, str(exc), [FieldError(loc="turn", msg=problem)]) from None
+        raise ApiError(409, exc.reason, str(exc), [FieldError(loc="turn", msg=problem)]) from None
     return json_response(AppendResponse(appended=_appended_out(results)))
 
 

@@ -32,6 +32,7 @@ from shadowpod.gateway.routes.owner import check_owner
 from shadowpod.journal.errors import SnapshotNotFound
 from shadowpod.journal.spool import DocumentRefused, SnapshotSpool
 from shadowpod.journal.store import CompressedDocument, Snapshot, SnapshotInfo
+from shadowpod.sessions import retention
 
 routes = web.RouteTableDef()
 # A body is handed to the spool's thread this much at a time: one hop per piece, and
@@ -130,6 +131,7 @@ async def put_snapshot(request: web.Request) -> web.Response:
         )
     finally:
         await asyncio.to_thread(spool.close)
+    await retention.enforce(gw.store, session)
     return json_response(_info(info), status=201)
 
 

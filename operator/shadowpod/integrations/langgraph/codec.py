@@ -19,6 +19,11 @@ for a list that starts with the items of one of its channel logs) stands for the
 list; ``decode`` resolves such references with ``logs``. A value holding references
 is wrapped in ``{"$refs": [[channel, log], ...], "$value": ...}``, so that the logs it
 reads are known without walking it (retention keeps them).
+
+Given ``objects``, the encoder asks it of every object that is not a scalar, and what
+it answers stands for the object: ``ShadowpodSaver`` stores a pending
+write whose value is an item just appended to a channel's log (a chat message, a
+``Send``) as ``{"$item": [channel, log, index]}`` rather than that item again.
 """
 
 from __future__ import annotations
@@ -36,10 +41,13 @@ from pydantic import JsonValue
 
 _SCALARS = (str, int, bool, type(None))
 LOG_REF: Final = "$log"
+ITEM_REF: Final = "$item"
 REFS: Final = "$refs"
 # A list to encode → what stands for it (a reference), or ``None``.
 ListRefs = Callable[[list[Any]], dict[str, JsonValue] | None]
-# A reference → the items it stands for.
+# An object (not a list) to encode → what stands for it, or ``None``.
+ObjectRefs = Callable[[Any], JsonValue | None]
+# ``[channel, log]`` → the items of that log (at least as many as a reference names).
 LogReader = Callable[[list[Any]], list[Any]]
 
 
@@ -47,26 +55,30 @@ class ValueCodec:
     def __init__(self, serde: SerializerProtocol) -> None:
         self._serde = serde
 
-    def encode(self, value: Any, lists: ListRefs | None = None) -> JsonValue:
+    def encode(
+        self, value: Any, lists: ListRefs | None = None, objects: ObjectRefs | None = None
+    ) -> JsonValue:
         kind = type(value)
         if kind in _SCALARS:
             scalar: JsonValue = value
             return scalar
+        if objects is not None and (ref := objects(value)) is not None:
+            return ref
         if kind is float:
             return value if math.isfinite(value) else self._opaque(value)
         if kind is list:
             if lists is not None and (ref := lists(value)) is not None:
                 return ref
-            return [self.encode(item, lists) for item in value]
+            return [self.encode(item, lists, objects) for item in value]
         if kind is dict and all(type(key) is str for key in value):
-            encoded = {key: self.encode(item, lists) for key, item in value.items()}
+            encoded = {key: self.encode(item, lists, objects) for key, item in value.items()}
             if any(key.startswith("$") for key in value):
                 return {"$dict": encoded}
             return encoded
         if isinstance(value, BaseMessage):
             return {"$message": _compact(message_to_dict(value), type(value))}
         if kind is Send and value.timeout is None:
-            return {"$send": [value.node, self.encode(value.arg, lists)]}
+            return {"$send": [value.node, self.encode(value.arg, lists, objects)]}
         return self._opaque(value)
 
     def decode(self, data: Any, logs: LogReader | None = None) -> Any:
@@ -86,10 +98,15 @@ class ValueCodec:
             if key == "$send":
                 node, arg = inner
                 return Send(node, self.decode(arg, logs))
+            if key == ITEM_REF:
+                if logs is None:
+                    raise ValueError("a reference to a channel log, decoded without the saver")
+                return logs(inner)[int(inner[2])]
         if LOG_REF in data and len(data) <= 2:
             if logs is None:
                 raise ValueError("a reference to a channel log, decoded without the saver")
-            return [*logs(data[LOG_REF]), *self.decode(data.get("+", []), logs)]
+            ref = data[LOG_REF]
+            return [*logs(ref)[: int(ref[2])], *self.decode(data.get("+", []), logs)]
         if REFS in data and len(data) == 2:
             return self.decode(data["$value"], logs)
         return {key: self.decode(item, logs) for key, item in data.items()}

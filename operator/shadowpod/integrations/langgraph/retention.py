@@ -99,13 +99,19 @@ def plan_removal(
         survivors = sorted(cid for cid in headers if cid in kept)
         pruning.sets.append(([*base, "latest"], survivors[-1] if survivors else None))
     live: dict[str, set[str]] = {}
+    read_by_headers: dict[str, set[int]] = {}
     for cid in kept & headers.keys():
         for channel, version in versions_of(headers[cid]["versions"]).items():
             live.setdefault(channel, set()).add(str(version))
-    read_by_writes = referenced_logs(data, kept, live)
+        # What a header holds itself (``ShadowpodSaver.put``): ``[log, length]`` read a
+        # log; ``0`` (empty) and ``[value]`` none.
+        for channel, held in headers[cid].get("held", {}).items():
+            if type(held) is list and len(held) == 2:
+                read_by_headers.setdefault(channel, set()).add(int(held[0]))
+    read_by_writes = referenced_logs(data, kept, live, read_by_headers)
     for channel, stored in data["channels"].items():
         held_versions = live.get(channel, set())
-        read_logs: set[int] = set(read_by_writes.get(channel, ()))
+        read_logs = set(read_by_writes.get(channel, ())) | read_by_headers.get(channel, set())
         for held, versions in stored["versions"].items():
             for version, known in versions.items():
                 if version in held_versions:
@@ -125,8 +131,25 @@ def plan_removal(
 REFS: Final = "$refs"  # a stored value's wrapper naming the logs it refers to
 
 
+ITEM_REF: Final = "$item"  # a pending write's reference to a log item, unwrapped
+
+
+def written_logs(value: Any) -> list[tuple[str, int]]:
+    """The logs a pending write's value refers to by item references at its top (a
+    write that is a log item, or a list of them: not wrapped in ``$refs``)."""
+    found = value if type(value) is list else [value]
+    return [
+        (str(item[ITEM_REF][0]), int(item[ITEM_REF][1]))
+        for item in found
+        if type(item) is dict and ITEM_REF in item and len(item) == 1
+    ]
+
+
 def referenced_logs(
-    data: dict[str, Any], kept: set[str], live: dict[str, set[str]]
+    data: dict[str, Any],
+    kept: set[str],
+    live: dict[str, set[str]],
+    read_by_headers: dict[str, set[int]] | None = None,
 ) -> dict[str, set[int]]:
     """The logs that what is kept refers to, by channel: the values of the kept
     checkpoints' pending writes, of the channel versions they hold (``live``), and of
@@ -144,10 +167,14 @@ def referenced_logs(
         for cid, writes in held.items():
             if cid in kept:
                 for write in writes.values():
-                    note(write[2])
+                    # [task, channel, value, path, index], or since 27 Nov without the task
+                    value = write[2] if len(write) == 5 else write[1]
+                    note(value)
+                    for channel, log_no in written_logs(value):
+                        found.setdefault(str(channel), set()).add(int(log_no))
     for channel, stored in data["channels"].items():
         wanted = live.get(channel, set())
-        read: set[int] = set()
+        read = set((read_by_headers or {}).get(channel, ()))
         for versions in stored["versions"].values():
             for version, known in versions.items():
                 if version in wanted:

@@ -12,7 +12,15 @@ writes them as deltas, so one more turn costs the same at turn 10 and at turn
   versions is a length of that log: a version that extends the last one appends its
   new items, one that shrank is a shorter length, anything else starts a new log;
 - any other channel version is stored as its value;
-- pending writes are stored under their checkpoint, by task and index.
+- what a channel version holds, when small (a log's length, an empty channel, a
+  scalar), is in the header of each checkpoint that has it (``held``), not an entry
+  per channel and version of its own (which pruning would delete again one by one);
+- pending writes are stored under their checkpoint, by task and index, once per
+  checkpoint: held until the next ``put`` (or the turn's end, a tool call's save
+  point), so that an item both written and then appended to a log — each step's new
+  message, a ``Send`` — is stored once, in the log, and referred to by the write;
+- ``latest`` is journaled once per save (the turn's end, a tool call's save point),
+  not at every step.
 
 The maps that grow with the conversation (headers and writes by checkpoint id,
 channel versions) are split into ``BUCKETS`` fixed buckets by a stable hash of
@@ -60,7 +68,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from operator import is_not
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from langchain_core.messages import BaseMessage, ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -81,7 +89,7 @@ from pydantic import JsonValue
 
 from shadowpod.agent import DetachedState, StateWriter, Turn
 from shadowpod.agent.values import written_by_ops
-from shadowpod.integrations.langgraph.codec import LOG_REF, REFS, ValueCodec
+from shadowpod.integrations.langgraph.codec import ITEM_REF, LOG_REF, REFS, ValueCodec
 from shadowpod.integrations.langgraph.retention import (
     Pruning,
     bucket,
@@ -94,6 +102,7 @@ from shadowpod.integrations.langgraph.warmup import prime
 logger = logging.getLogger(__name__)
 
 ROOT: Final = "langgraph"  # the key of ``turn.values`` the checkpoints live under
+HELD: Final = "held"  # a header's channels' small values (``_inline``), by channel
 written_by_ops(ROOT)  # its in-place changes journaled by ``settle``, not by the turn
 StatePath = list[str | int]
 JsonList = list[Any]
@@ -105,6 +114,7 @@ LogKey = tuple[str, str, str, int]  # thread, namespace, channel, log number
 
 
 _EMPTY: Final = object()
+_SCALARS: Final = (str, int, float, bool, type(None))
 
 
 class NotInATurn(RuntimeError):
@@ -148,6 +158,13 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         self.decoded = 0  # log items decoded, in all
         self.decoded_in_turns = 0  # of them, inside a turn (the rest: warm-ups, reads)
         self.journaled_calls: set[str] = set()  # tool call ids journaled in this turn
+        # Pending writes not journaled yet, by (thread, ns, checkpoint id) and
+        # ``task:index`` (``put_writes``); the items the last ``put`` appended to a log,
+        # by id, with where (``_note_fresh``): what a held write refers to.
+        self._held: dict[tuple[str, str, str], dict[str, tuple[str, Any, str, int]]] = {}
+        self._fresh: dict[int, tuple[Any, str, int, int]] = {}
+        self._fresh_in: tuple[str, str] = ("", "")
+        self._latest: dict[tuple[str, str], str] = {}  # each namespace's, not journaled yet
         self._warned_calls: set[str] = set()
 
     @property
@@ -173,10 +190,13 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
                 header = data["checkpoints"].get(bucket(latest), {}).get(latest) if latest else None
                 if header is None:
                     continue
+                inlined = header.get(HELD, {})
                 for channel, version in self.codec.decode(header["versions"]).items():
                     stored = data["channels"].get(channel, {})
-                    known = stored.get("versions", {}).get(bucket(str(version)), {})
-                    log_no = known.get(str(version), {}).get("log")
+                    known = _expand(inlined.get(channel)) or stored.get("versions", {}).get(
+                        bucket(str(version)), {}
+                    ).get(str(version), {})
+                    log_no = known.get("log")
                     if log_no is not None:
                         self._items(thread, ns, channel, log_no, stored["logs"][log_no])
 
@@ -196,11 +216,16 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         changed in place is journaled as the block ends (``settle``)."""
         token = self._turn.set(turn)
         self._touched.clear()
+        self._held.clear()
+        self._latest.clear()
         self.journaled_calls = set()
         try:
             yield turn
             self.settle()
         finally:
+            if self._held or self._latest:  # a run that failed: what it wrote, as before
+                self._flush(turn)
+            self._fresh.clear()
             self._turn.reset(token)
 
     @property
@@ -228,11 +253,14 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
     # --- reads ---------------------------------------------------------------------------
 
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        self._flush_held()
         thread, ns = _where(config)
         data = self._thread(thread, ns)
         if data is None:
             return None
-        checkpoint_id = get_checkpoint_id(config) or data["latest"]
+        checkpoint_id = (
+            get_checkpoint_id(config) or self._latest.get((thread, ns)) or data["latest"]
+        )
         if checkpoint_id is None or checkpoint_id not in data["checkpoints"].get(
             bucket(checkpoint_id), {}
         ):
@@ -245,16 +273,25 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         header = data["checkpoints"][bucket(checkpoint_id)][checkpoint_id]
         versions: ChannelVersions = self.codec.decode(header["versions"])
         values: dict[str, Any] = {}
+        inlined = header.get(HELD, {})
         for channel, version in versions.items():
-            versions_of = data["channels"].get(channel, {}).get("versions", {})
-            known = versions_of.get(bucket(str(version)), {}).get(str(version))
+            known = _expand(inlined.get(channel))
+            if known is None:
+                versions_of = data["channels"].get(channel, {}).get("versions", {})
+                known = versions_of.get(bucket(str(version)), {}).get(str(version))
             if (
                 known is not None
                 and (value := self._value(thread, ns, channel, data, known)) is not _EMPTY
             ):
                 values[channel] = value
         writes = sorted(
-            data["writes"].get(bucket(checkpoint_id), {}).get(checkpoint_id, {}).values(),
+            (
+                _write(key, stored)
+                for key, stored in data["writes"]
+                .get(bucket(checkpoint_id), {})
+                .get(checkpoint_id, {})
+                .items()
+            ),
             key=lambda w: writes_sort_key(w[3], w[0], w[4]),
         )
         checkpoint: Checkpoint = {
@@ -292,10 +329,11 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         """What resolves a stored reference to a log (``codec``) of this namespace."""
 
         def items_of(ref: list[Any]) -> list[Any]:
-            channel, log_no, length = str(ref[0]), int(ref[1]), int(ref[2])
+            # The whole log (not a copy): the codec takes what the reference names.
+            channel, log_no = str(ref[0]), int(ref[1])
             log = data["channels"][channel]["logs"][log_no]
             self._touched.add((thread, ns, channel, log_no))
-            return self._items(thread, ns, channel, log_no, log)[:length]
+            return self._items(thread, ns, channel, log_no, log)
 
         return items_of
 
@@ -331,6 +369,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
+        self._flush_held()
         root = self._root()
         threads = [config["configurable"]["thread_id"]] if config else list(root)
         wanted_ns = config["configurable"].get("checkpoint_ns") if config else None
@@ -369,6 +408,9 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         base = self._ensure(writer, thread, ns)
         data = self._thread(thread, ns)
         assert data is not None
+        self._fresh = {}
+        self._fresh_in = (thread, ns)
+        known_by_channel: dict[str, JsonValue] = {}
         for channel, version in new_versions.items():
             if channel not in data["channels"]:
                 writer.set([*base, "channels", channel], {"logs": [], "versions": {}})
@@ -376,27 +418,50 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
                 assert data is not None
             value = checkpoint["channel_values"].get(channel, _EMPTY)
             known = self._store(writer, base, thread, ns, channel, data, value)
+            data = self._thread(thread, ns)
+            assert data is not None
+            if (inline := _inline(known)) is not None:
+                known_by_channel[channel] = inline
+                continue
             versions_at = [*base, "channels", channel, "versions", bucket(str(version))]
             if versions_at[-1] not in data["channels"][channel]["versions"]:
                 writer.set(versions_at, {})
             writer.set([*versions_at, str(version)], known)
             data = self._thread(thread, ns)
             assert data is not None
+        parent_id = config["configurable"].get("checkpoint_id")
+        for channel, version in checkpoint["channel_versions"].items():
+            if (
+                channel not in known_by_channel
+                and (found := _known_in_headers(data, parent_id, channel, version)) is not None
+            ):
+                known_by_channel[channel] = found
+        # The parent's pending writes, now that the items they wrote are in the logs:
+        # an item both written and appended is stored once (``_flush_writes``).
+        self._flush_writes(writer)
         checkpoint_id = checkpoint["id"]
         header = {
-            "parent": config["configurable"].get("checkpoint_id"),
+            "parent": parent_id,
             "v": checkpoint["v"],
             "ts": checkpoint["ts"],
             "versions": self.codec.encode(checkpoint["channel_versions"]),
             "seen": self.codec.encode(checkpoint["versions_seen"]),
             "updated": checkpoint.get("updated_channels"),
             "metadata": self.codec.encode(get_checkpoint_metadata(config, metadata)),
+            # What each channel's version holds, where it is small (a log's length, an
+            # empty channel, a scalar): in the header, not an entry of its own per
+            # channel and version — which pruning would then delete one by one.
+            HELD: known_by_channel,
         }
         held = bucket(checkpoint_id)
         if held not in data["checkpoints"]:
-            writer.set([*base, "checkpoints", held], {})
-        writer.set([*base, "checkpoints", held, checkpoint_id], header)
-        writer.set([*base, "latest"], checkpoint_id)
+            writer.set([*base, "checkpoints", held], {checkpoint_id: header})
+        else:
+            writer.set([*base, "checkpoints", held, checkpoint_id], header)
+        if self._turn.get() is None:
+            writer.set([*base, "latest"], checkpoint_id)
+        else:  # journaled once, as the turn ends or saves (``settle``): not every step
+            self._latest[(thread, ns)] = checkpoint_id
         if self.keep is not None:
             data = self._thread(thread, ns)
             assert data is not None
@@ -447,6 +512,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
                     self._extend(
                         writer, [*base, "channels", channel, "logs", log_no], logs[log_no], encoded
                     )
+                    self._note_fresh(channel, log_no, len(items), new)
                     items.extend(new)
                     self._marks[key].extend(map(_mark, new, encoded))
                     self._touched.add(key)
@@ -455,10 +521,17 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         chunks = [encoded[at : at + CHUNK] for at in range(0, len(encoded), CHUNK)] or [[]]
         writer.append([*base, "channels", channel, "logs"], chunks)
         key = (thread, ns, channel, log_no + 1)
+        self._note_fresh(channel, log_no + 1, 0, value)
         self._logs[key] = list(value)
         self._marks[key] = list(map(_mark, value, encoded))
         self._touched.add(key)
         return {"log": log_no + 1, "len": len(value)}
+
+    def _note_fresh(self, channel: str, log_no: int, start: int, items: JsonList) -> None:
+        """Items just appended to a log, which a pending write may refer to (``_flush_writes``)."""
+        for index, item in enumerate(items, start):
+            if type(item) not in _SCALARS:
+                self._fresh[id(item)] = (item, channel, log_no, index)
 
     def _extend(self, writer: StateWriter, at: StatePath, log: JsonList, encoded: JsonList) -> None:
         """Append ``encoded`` items to a log: the last chunk filled first, then new chunks."""
@@ -469,11 +542,16 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         for start in range(0, len(encoded), CHUNK):
             writer.append(at, encoded[start : start + CHUNK])
 
-    def _encode(self, value: Any, thread: str, ns: str, data: dict[str, Any]) -> JsonValue:
+    def _encode(
+        self, value: Any, thread: str, ns: str, data: dict[str, Any], *, bare: bool = False
+    ) -> JsonValue:
         """``value`` as JSON, a list in it that starts with the items of one of this
-        namespace's channel logs stored as a reference to them (wrapped with the logs
-        it refers to: see the module's docstring)."""
-        if type(value) not in (list, dict, Send):
+        namespace's channel logs stored as a reference to them, and an item the last
+        ``put`` appended to a log (``_fresh``) as a reference to it (wrapped with the
+        logs it refers to: see the module's docstring). ``bare``: a pending write's
+        value, which is not wrapped when it is an item reference or a list of them and
+        items (retention finds those: ``retention.written_logs``)."""
+        if type(value) not in (list, dict, Send) and id(value) not in self._fresh:
             return self.codec.encode(value)
         last_logs = [
             (channel, len(stored["logs"]) - 1)
@@ -502,7 +580,21 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
                 return ref
             return None
 
-        encoded = self.codec.encode(value, reference)
+        def appended(item: Any) -> JsonValue | None:
+            found = self._fresh.get(id(item)) if self._fresh_in == (thread, ns) else None
+            if found is None or found[0] is not item:
+                return None
+            _, channel, log_no, index = found
+            if [channel, log_no] not in used:
+                used.append([channel, log_no])
+            item_refs.append(1)
+            ref: JsonValue = {ITEM_REF: [channel, log_no, index]}
+            return ref
+
+        item_refs: list[int] = []
+        encoded = self.codec.encode(value, reference, appended if self._fresh else None)
+        if bare and used and len(item_refs) == len(_top_item_refs(encoded)):
+            return encoded  # item references only, where retention looks for them
         if not used:
             return encoded
         wrapped: JsonValue = {REFS: used, "$value": encoded}  # type: ignore[dict-item]
@@ -515,28 +607,57 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        writer = self._writer()
+        """Held until the next ``put`` (or the turn's end, a tool call's save point, a
+        read of them): a write's item that ``put`` then appends to a channel's log — a
+        node's new message, a ``Send`` — is stored once, in the log, and referred to."""
+        self._writer()
         thread, ns = _where(config)
-        base = self._ensure(writer, thread, ns)
         checkpoint_id = config["configurable"]["checkpoint_id"]
-        held = bucket(checkpoint_id)
         data = self._thread(thread, ns)
-        assert data is not None
-        if held not in data["writes"]:
-            writer.set([*base, "writes", held], {})
-        if checkpoint_id not in self._thread(thread, ns)["writes"][held]:  # type: ignore[index]
-            writer.set([*base, "writes", held, checkpoint_id], {})
-        stored = self._thread(thread, ns)["writes"][held][checkpoint_id]  # type: ignore[index]
+        stored = {} if data is None else data["writes"].get(bucket(checkpoint_id), {})
+        stored = stored.get(checkpoint_id, {})
+        held = self._held.setdefault((thread, ns, checkpoint_id), {})
         for index, (channel, value) in enumerate(writes):
             write_index = WRITES_IDX_MAP.get(channel, index)
             key = f"{task_id}:{write_index}"
-            if write_index >= 0 and key in stored:
+            if write_index >= 0 and (key in stored or key in held):
                 continue
             self._check_journaled(value)
-            writer.set(
-                [*base, "writes", held, checkpoint_id, key],
-                [task_id, channel, self._encode(value, thread, ns, data), task_path, write_index],
-            )
+            held[key] = (channel, value, task_path, write_index)
+        if self._turn.get() is None:
+            self._flush(self._writer())
+
+    def _flush_held(self) -> None:
+        if self._held or self._latest:
+            self._flush(self._writer())
+
+    def _flush(self, writer: StateWriter) -> None:
+        self._flush_writes(writer)
+        latest, self._latest = self._latest, {}
+        for (thread, ns), checkpoint_id in latest.items():
+            if self._thread(thread, ns) is not None:
+                writer.set([ROOT, thread, ns, "latest"], checkpoint_id)
+
+    def _flush_writes(self, writer: StateWriter) -> None:
+        """Journal the pending writes held (``put_writes``): one change per checkpoint,
+        each write ``[channel, value, task path, index]`` under ``task:index``."""
+        held, self._held = self._held, {}
+        for (thread, ns, checkpoint_id), writes in held.items():
+            base = self._ensure(writer, thread, ns)
+            data = self._thread(thread, ns)
+            assert data is not None
+            encoded = {
+                key: [channel, self._encode(value, thread, ns, data, bare=True), task_path, index]
+                for key, (channel, value, task_path, index) in writes.items()
+            }
+            at = bucket(checkpoint_id)
+            if at not in data["writes"]:
+                writer.set([*base, "writes", at], {checkpoint_id: encoded})
+            elif checkpoint_id not in data["writes"][at]:
+                writer.set([*base, "writes", at, checkpoint_id], encoded)
+            else:
+                for key, write in encoded.items():
+                    writer.set([*base, "writes", at, checkpoint_id, key], write)
 
     def _check_journaled(self, value: Any) -> None:
         """Warn of a tool's result whose call was not journaled: a ``ToolNode`` run in a
@@ -569,6 +690,9 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
 
     def delete_thread(self, thread_id: str) -> None:
         writer = self._writer()
+        self._held = {key: held for key, held in self._held.items() if key[0] != thread_id}
+        self._latest = {key: cid for key, cid in self._latest.items() if key[0] != thread_id}
+        self._fresh.clear()
         if thread_id in self._root():
             writer.delete([ROOT, thread_id])
         for key in [key for key in self._logs if key[0] == thread_id]:
@@ -582,6 +706,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         if not wanted:
             return
         writer = self._writer()
+        self._flush_held()
         for thread, spaces in list(self._root().items()):
             for ns, data in list(spaces.items()):
                 headers = headers_of(data)
@@ -597,6 +722,8 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         """Copy every checkpoint (each namespace, pending writes, channel values) of
         one thread to another (replacing what that one held)."""
         writer = self._writer()
+        self._flush_held()
+        self._fresh.clear()
         source = self._root().get(source_thread_id)
         if source is None:
             return
@@ -611,6 +738,7 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"unknown pruning strategy {strategy!r}: keep_latest or delete")
         writer = self._writer()
+        self._flush_held()
         for thread in thread_ids:
             spaces = self._root().get(thread)
             if spaces is None:
@@ -638,6 +766,8 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
         writer: StateWriter | None = turn if turn is not None else self._detached
         if writer is None:
             return
+        if self._held or self._latest:
+            self._flush(writer)
         for key in sorted(self._touched):
             items, marks = self._logs.get(key), self._marks.get(key)
             if items is None or marks is None:
@@ -727,6 +857,67 @@ class ShadowpodSaver(BaseCheckpointSaver[str]):
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         self.prune(thread_ids, strategy=strategy)
+
+
+def _write(key: str, stored: list[Any]) -> tuple[str, str, Any, str, int]:
+    """A stored pending write as ``(task id, channel, value, task path, index)``: as
+    written now (``[channel, value, task path, index]`` under ``task:index``), or
+    before 27 Nov (``[task id, channel, value, task path, index]``)."""
+    if len(stored) == 5:
+        return (stored[0], stored[1], stored[2], stored[3], stored[4])
+    return (key.rsplit(":", 1)[0], stored[0], stored[1], stored[2], stored[3])
+
+
+def _top_item_refs(encoded: Any) -> list[Any]:
+    """The item references (``{"$item": ...}``) that ``encoded`` is or holds at its top."""
+    found = encoded if type(encoded) is list else [encoded]
+    return [item for item in found if type(item) is dict and ITEM_REF in item and len(item) == 1]
+
+
+def _inline(known: dict[str, JsonValue]) -> JsonValue | None:
+    """What a channel version holds as its checkpoint's header holds it (``HELD``), if
+    it is small: a log's length ``[log, length]``, an empty channel ``0``, a scalar
+    value ``[value]``; ``None``: too large for every header that keeps it."""
+    if "log" in known:
+        return [known["log"], known["len"]]
+    if "empty" in known:
+        return 0
+    value = known["value"]
+    if value is None or type(value) in (bool, int) or (type(value) is str and len(value) <= 64):
+        return [value]
+    return None
+
+
+def _expand(inline: Any) -> dict[str, Any] | None:
+    """``_inline``'s form back as a channel version's entry (``None`` for ``None``)."""
+    if inline is None:
+        return None
+    if inline == 0:
+        return {"empty": True}
+    if len(inline) == 2:
+        return {"log": inline[0], "len": inline[1]}
+    return {"value": inline[0]}
+
+
+def _known_in_headers(
+    data: dict[str, Any], parent_id: str | None, channel: str, version: Any
+) -> JsonValue | None:
+    """What ``channel`` at ``version`` holds, as a header holds it: the parent's (where
+    a version not new in a checkpoint mostly comes from), else any header's (a
+    checkpoint put from elsewhere); ``None``: in the channel's versions, if anywhere."""
+    parent = data["checkpoints"].get(bucket(parent_id), {}).get(parent_id) if parent_id else None
+    if parent is not None and parent["versions"].get(channel) == version:
+        found = parent.get(HELD, {}).get(channel)
+        if found is not None:
+            return cast(JsonValue, found)
+    versions = data["channels"].get(channel, {}).get("versions", {})
+    if str(version) in versions.get(bucket(str(version)), {}):
+        return None
+    for header in headers_of(data).values():  # rare: not from the parent
+        found = header.get(HELD, {}).get(channel)
+        if found is not None and header["versions"].get(channel) == version:
+            return cast(JsonValue, found)
+    return None
 
 
 def _length(log: list[Any]) -> int:

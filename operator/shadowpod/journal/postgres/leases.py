@@ -89,6 +89,32 @@ class PostgresLeases:
             return await self.claim(session, replica, url, ttl_s)
         return _lease(row)
 
+    async def claim_many(
+        self, sessions: Iterable[str], replica: str, url: str, ttl_s: float
+    ) -> dict[str, int]:
+        wanted = sorted({check_session_id(s) for s in sessions})
+        ttl = _check_ttl(ttl_s)
+        if not wanted:
+            return {}
+        async with self._connect() as conn:
+            # The same rule as ``claim``, row by row; sorted, so two replicas claiming
+            # overlapping sets lock rows in one order.
+            rows = await (
+                await conn.execute(
+                    f"INSERT INTO {self.s}.leases AS l ({_COLUMNS}) "
+                    "SELECT s, %s, %s, 1, clock_timestamp() + make_interval(secs => %s) "
+                    "FROM unnest(%s::text[]) AS s "
+                    "ON CONFLICT (session) DO UPDATE SET holder = excluded.holder, "
+                    "url = excluded.url, expires = excluded.expires, generation = CASE "
+                    "WHEN l.holder = excluded.holder AND l.expires > clock_timestamp() "
+                    "THEN l.generation ELSE l.generation + 1 END "
+                    "WHERE l.holder = excluded.holder OR l.expires <= clock_timestamp() "
+                    "RETURNING session, generation",
+                    (replica, url, ttl, wanted),
+                )
+            ).fetchall()
+        return {row[0]: row[1] for row in rows}
+
     async def renew(self, replica: str, ttl_s: float) -> set[str]:
         ttl = _check_ttl(ttl_s)
         async with self._connect() as conn:

@@ -17,7 +17,7 @@ from psycopg.types.json import Jsonb
 from shadowpod.domain.entries import JournalEntry, NewEntry, named_turn
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.domain.ownership import FenceState, Ownership
-from shadowpod.journal import codec
+from shadowpod.journal import codec, forks
 from shadowpod.journal.errors import (
     EpochConflict,
     Fenced,
@@ -28,6 +28,7 @@ from shadowpod.journal.errors import (
     JournalTruncated,
     OwnerMismatch,
     SessionExists,
+    SessionHasForks,
     SessionNotFound,
     SnapshotNotFound,
     SnapshotTooOld,
@@ -47,8 +48,10 @@ from shadowpod.journal.store import (
     MAX_SNAPSHOTS_PER_SESSION,
     Appended,
     CompressedDocument,
+    ForkPoint,
     Retention,
     SessionInfo,
+    SessionPosition,
     Snapshot,
     SnapshotInfo,
     Writer,
@@ -58,16 +61,25 @@ Conn = AsyncConnection[TupleRow]
 
 _SESSION_COLUMNS: Final = (
     "sid, name, created, meta, head, truncated_through, epoch, owner, fence, fence_seq, "
-    "ownership_updated"
+    "ownership_updated, fork_seq, parent_sid"
 )
+
+# The bound of a span with no end (bigint's largest).
+_NO_END: Final = 2**63 - 1
 
 # Binary COPY's signature, flags and header extension (PostgreSQL's COPY, "Binary Format").
 _COPY_HEADER: Final = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 
 
-def _session_info(row: TupleRow) -> SessionInfo:
+def _session_info(row: TupleRow, fork_of: str | None = None) -> SessionInfo:
     return SessionInfo(
-        session=row[1], created=row[2], meta=row[3], head=row[4], truncated_through=row[5]
+        session=row[1],
+        created=row[2],
+        meta=row[3],
+        head=row[4],
+        truncated_through=row[5],
+        fork_of=fork_of,
+        fork_seq=row[11],
     )
 
 
@@ -171,7 +183,11 @@ class Statements:
 
     # --- sessions ---------------------------------------------------------------------
 
-    async def create_session(self, conn: Conn, session: str, meta: Jsonb) -> SessionInfo:
+    async def create_session(
+        self, conn: Conn, session: str, meta: Jsonb, fork: ForkPoint | None = None
+    ) -> SessionInfo:
+        if fork is not None:
+            return await self._create_fork(conn, session, meta, fork)
         row = await (
             await conn.execute(
                 f"INSERT INTO {self.s}.sessions (name, meta) VALUES (%s, %s) "
@@ -183,19 +199,143 @@ class Statements:
             raise SessionExists(session)
         return _session_info(row)
 
+    async def _create_fork(
+        self, conn: Conn, session: str, meta: Jsonb, fork: ForkPoint
+    ) -> SessionInfo:
+        # The parent locked: its retention cannot truncate what the fork is given.
+        parent = await self._row(conn, fork.session, lock=True)
+        parent_sid, head, truncated_through, epoch, parent_fork_seq = (
+            parent[0],
+            parent[4],
+            parent[5],
+            parent[6],
+            parent[11],
+        )
+        forks.check_point(fork, head, truncated_through)
+        ancestors = forks.inherited(
+            parent_sid, parent_fork_seq, await self._segments(conn, parent_sid), fork.seq
+        )
+        row = await (
+            await conn.execute(
+                f"INSERT INTO {self.s}.sessions (name, meta, head, truncated_through, epoch, "
+                "parent_sid, fork_seq) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+                f"ON CONFLICT (name) DO NOTHING RETURNING {_SESSION_COLUMNS}",
+                (session, meta, fork.seq, truncated_through, epoch, parent_sid, fork.seq),
+            )
+        ).fetchone()
+        if row is None:
+            raise SessionExists(session)
+        sid = row[0]
+        async with conn.cursor() as cursor:
+            await cursor.executemany(
+                f"INSERT INTO {self.s}.forks (sid, ancestor, after_seq, through_seq) "
+                "VALUES (%s, %s, %s, %s)",
+                [(sid, a.sid, a.after, a.through) for a in ancestors],
+            )
+        acked = await self._acked_at(conn, ancestors, fork.seq, truncated_through)
+        if acked is not None:
+            await conn.execute(
+                f"INSERT INTO {self.s}.acks (sid, epoch, seq) VALUES (%s, %s, %s)",
+                (sid, *acked),
+            )
+        # The newest snapshot at or below the fork point, so the fork's first owner
+        # restores from it rather than replaying the parent's journal from its start.
+        await conn.execute(
+            f"INSERT INTO {self.s}.snapshots (sid, watermark, schema_version, created, data) "
+            f"SELECT %s, watermark, schema_version, created, data FROM {self.s}.snapshots "
+            "WHERE sid = %s AND watermark <= %s ORDER BY watermark DESC LIMIT 1",
+            (sid, parent_sid, fork.seq),
+        )
+        return _session_info(row, fork.session)
+
+    async def _segments(self, conn: Conn, sid: int) -> list[forks.Segment]:
+        rows = await (
+            await conn.execute(
+                f"SELECT ancestor, after_seq, through_seq FROM {self.s}.forks WHERE sid = %s "
+                "ORDER BY after_seq",
+                (sid,),
+            )
+        ).fetchall()
+        return [forks.Segment(*row) for row in rows]
+
+    async def _acked_at(
+        self, conn: Conn, ancestors: Sequence[forks.Segment], at: int, truncated_through: int
+    ) -> tuple[int, int] | None:
+        """(epoch, turn) of the last ack journaled at or below ``at``: the watermark a
+        fork inherits (an ack retention removed is at least the truncation point)."""
+        for segment in sorted(ancestors, key=lambda s: s.after, reverse=True):
+            row = await (
+                await conn.execute(
+                    f"SELECT epoch, (payload ->> 'turn')::bigint FROM {self.s}.entries "
+                    "WHERE sid = %s AND seq > %s AND seq <= %s AND kind = 'ack' "
+                    "ORDER BY seq DESC LIMIT 1",
+                    (segment.sid, segment.after, min(at, segment.through or at)),
+                )
+            ).fetchone()
+            if row is not None:
+                return int(row[0]), int(row[1])
+        return (0, truncated_through) if truncated_through else None
+
+    async def _fork_of(self, conn: Conn, row: TupleRow) -> str | None:
+        if row[12] is None:
+            return None
+        found = await (
+            await conn.execute(f"SELECT name FROM {self.s}.sessions WHERE sid = %s", (row[12],))
+        ).fetchone()
+        return None if found is None else str(found[0])
+
+    async def update_meta(self, conn: Conn, session: str, changes: Jsonb) -> SessionInfo:
+        row = await (
+            await conn.execute(
+                f"UPDATE {self.s}.sessions SET meta = meta || %s WHERE name = %s "
+                f"RETURNING {_SESSION_COLUMNS}",
+                (changes, session),
+            )
+        ).fetchone()
+        if row is None:
+            raise SessionNotFound(session)
+        return _session_info(row, await self._fork_of(conn, row))
+
     async def get_session(self, conn: Conn, session: str) -> SessionInfo:
-        return _session_info(await self._row(conn, session, lock=False))
+        row = await self._row(conn, session, lock=False)
+        return _session_info(row, await self._fork_of(conn, row))
 
     async def list_sessions(self, conn: Conn) -> list[SessionInfo]:
         cursor = await conn.execute(
-            f"SELECT {_SESSION_COLUMNS} FROM {self.s}.sessions ORDER BY name"
+            f"SELECT {_SESSION_COLUMNS}, "
+            f"(SELECT p.name FROM {self.s}.sessions p WHERE p.sid = s.parent_sid) "
+            f"FROM {self.s}.sessions s ORDER BY s.name"
         )
-        return [_session_info(row) for row in await cursor.fetchall()]
+        return [_session_info(row, row[13]) for row in await cursor.fetchall()]
+
+    async def positions(self, conn: Conn) -> list[SessionPosition]:
+        cursor = await conn.execute(
+            f"SELECT s.name, s.head, coalesce((SELECT max(a.seq) FROM {self.s}.acks a "
+            f"WHERE a.sid = s.sid), 0), s.epoch, s.fence FROM {self.s}.sessions s ORDER BY s.name"
+        )
+        return [
+            SessionPosition(r[0], r[1], min(r[1], r[2]), r[3], r[4])
+            for r in await cursor.fetchall()
+        ]
 
     async def delete_session(self, conn: Conn, session: str) -> None:
         sid = (await self._row(conn, session, lock=True))[0]
-        for table in ("entries", "acks", "snapshots", "sessions"):
+        readers = [
+            str(name)
+            for (name,) in await (
+                await conn.execute(
+                    f"SELECT s.name FROM {self.s}.forks f JOIN {self.s}.sessions s "
+                    "ON s.sid = f.sid WHERE f.ancestor = %s "
+                    "AND s.truncated_through < f.through_seq ORDER BY s.name",
+                    (sid,),
+                )
+            ).fetchall()
+        ]
+        if readers:
+            raise SessionHasForks(session, readers)
+        for table in ("entries", "acks", "snapshots", "sessions", "forks"):
             await conn.execute(f"DELETE FROM {self.s}.{table} WHERE sid = %s", (sid,))
+        await conn.execute(f"DELETE FROM {self.s}.forks WHERE ancestor = %s", (sid,))
         await self._notify(conn, session)
 
     # --- journal ----------------------------------------------------------------------
@@ -282,11 +422,33 @@ class Statements:
                 outcome.append((seq, duplicate, ts))
         return outcomes
 
+    async def _read_fork(
+        self, conn: Conn, sid: int, fork_seq: int, after: int, limit: int
+    ) -> list[JournalEntry]:
+        """A fork's entries after ``after`` (below its fork point): its ancestors', then
+        its own. An ancestor's entries up to a fork point never change while the fork
+        reads them (its retention keeps them), so the statements need no one snapshot."""
+        spans = forks.spans(await self._segments(conn, sid), sid, fork_seq, after)
+        entries: list[JournalEntry] = []
+        for span in spans:
+            rows = await (
+                await conn.execute(
+                    f"SELECT seq, id, kind, epoch, ts, payload FROM {self.s}.entries "
+                    "WHERE sid = %s AND seq > %s AND seq <= %s ORDER BY seq LIMIT %s",
+                    (span.sid, span.after, span.through or _NO_END, limit - len(entries)),
+                )
+            ).fetchall()
+            entries += [_entry(*row) for row in rows]
+            if len(entries) >= limit:
+                break
+        return entries
+
     async def read(self, conn: Conn, session: str, after: int, limit: int) -> list[JournalEntry]:
         # One statement, one snapshot: the truncation point and the entries agree.
         rows = await (
             await conn.execute(
-                f"SELECT s.truncated_through, e.seq, e.id, e.kind, e.epoch, e.ts, e.payload "
+                f"SELECT s.truncated_through, s.sid, s.fork_seq, "
+                "e.seq, e.id, e.kind, e.epoch, e.ts, e.payload "
                 f"FROM {self.s}.sessions s LEFT JOIN LATERAL ("
                 f"  SELECT seq, id, kind, epoch, ts, payload FROM {self.s}.entries"
                 "   WHERE sid = s.sid AND seq > %s ORDER BY seq LIMIT %s"
@@ -296,16 +458,18 @@ class Statements:
         ).fetchall()
         if not rows:
             raise SessionNotFound(session)
-        truncated_through = rows[0][0]
+        truncated_through, sid, fork_seq = rows[0][:3]
         if after < truncated_through:
             raise JournalTruncated(session, after=after, through=truncated_through)
-        return [_entry(*row[1:]) for row in rows if row[1] is not None]
+        if fork_seq is not None and after < fork_seq:
+            return await self._read_fork(conn, sid, fork_seq, after, limit)
+        return [_entry(*row[3:]) for row in rows if row[3] is not None]
 
     async def read_json(self, conn: Conn, session: str, after: int, limit: int) -> bytes:
         """``read``'s page as one JSON array, built by the server (json_agg)."""
         row = await (
             await conn.execute(
-                f"SELECT s.truncated_through, ("
+                f"SELECT s.truncated_through, s.sid, s.fork_seq, ("
                 "  SELECT coalesce(json_agg(json_build_object("
                 "    'seq', seq, 'id', id, 'kind', kind, 'epoch', epoch,"
                 "    'ts', to_char(ts AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"
@@ -318,9 +482,11 @@ class Statements:
         ).fetchone()
         if row is None:
             raise SessionNotFound(session)
-        truncated_through, array = row
+        truncated_through, sid, fork_seq, array = row
         if after < truncated_through:
             raise JournalTruncated(session, after=after, through=truncated_through)
+        if fork_seq is not None and after < fork_seq:
+            return codec.entries_json(await self._read_fork(conn, sid, fork_seq, after, limit))
         return str(array).encode()
 
     # --- ownership --------------------------------------------------------------------
@@ -531,6 +697,18 @@ class Statements:
             ).fetchone()
             acked = acked_row[0] if acked_row and acked_row[0] is not None else 0
             through = min(kept[-1], acked)
+            # A fork reads this session's entries up to its fork point until its own
+            # retention truncates past it: those stay.
+            needed = await (
+                await conn.execute(
+                    f"SELECT min(greatest(f.after_seq, s.truncated_through)) FROM {self.s}.forks f "
+                    f"JOIN {self.s}.sessions s ON s.sid = f.sid WHERE f.ancestor = %s "
+                    "AND s.truncated_through < f.through_seq",
+                    (sid,),
+                )
+            ).fetchone()
+            if needed is not None and needed[0] is not None:
+                through = min(through, needed[0])
             if through > truncated_through:
                 cursor = await conn.execute(
                     f"DELETE FROM {self.s}.entries WHERE sid = %s AND seq <= %s",

@@ -43,6 +43,17 @@ def ddl(s: str) -> list[str]:
             fence text NOT NULL DEFAULT 'open',
             fence_seq bigint,
             ownership_updated timestamptz)""",
+        # Forks (``journal/forks.py``), added in place (no version bump): a store that
+        # does not know them makes no forks and reads none.
+        f"ALTER TABLE {s}.sessions ADD COLUMN IF NOT EXISTS parent_sid bigint",
+        f"ALTER TABLE {s}.sessions ADD COLUMN IF NOT EXISTS fork_seq bigint",
+        f"""CREATE TABLE IF NOT EXISTS {s}.forks (
+            sid bigint NOT NULL,
+            ancestor bigint NOT NULL,
+            after_seq bigint NOT NULL,
+            through_seq bigint NOT NULL,
+            PRIMARY KEY (sid, ancestor))""",
+        f"CREATE INDEX IF NOT EXISTS forks_by_ancestor ON {s}.forks (ancestor)",
         f"""CREATE TABLE IF NOT EXISTS {s}.entries (
             sid bigint NOT NULL,
             seq bigint NOT NULL,
@@ -164,6 +175,7 @@ DECLARE
     v_epoch bigint;
     v_owner text;
     v_truncated bigint;
+    v_fork_seq bigint;
     v_turn bigint;
     v_existing bigint;
     v_kind text;
@@ -173,8 +185,8 @@ DECLARE
     v_count integer := coalesce(array_length(p_ids, 1), 0);
 BEGIN
     o_seqs := '{{}}'; o_duplicates := '{{}}';
-    SELECT s.sid, s.head, s.epoch, s.owner, s.truncated_through
-      INTO v_sid, v_head, v_epoch, v_owner, v_truncated
+    SELECT s.sid, s.head, s.epoch, s.owner, s.truncated_through, s.fork_seq
+      INTO v_sid, v_head, v_epoch, v_owner, v_truncated, v_fork_seq
       FROM {s}.sessions s WHERE s.name = p_session FOR UPDATE;
     IF NOT FOUND THEN
         o_code := '{SESSION_NOT_FOUND_CODE}'; o_message := p_session;
@@ -195,11 +207,15 @@ BEGIN
             o_detail := v_head::text;
             RETURN;
         END IF;
+        -- A fork's turns at or below its fork point are its ancestors' entries.
         IF v_turn > v_truncated AND NOT EXISTS (
             SELECT 1 FROM {s}.entries e
-             WHERE e.sid = v_sid AND e.seq = v_turn AND e.epoch = 0 AND (
+             WHERE e.seq = v_turn AND e.epoch = 0 AND (
                    (e.kind = 'message' AND e.payload ->> 'role' IN ('user', 'system'))
-                   OR (e.kind = 'schedule' AND e.payload ->> 'op' = 'fire'))) THEN
+                   OR (e.kind = 'schedule' AND e.payload ->> 'op' = 'fire'))
+               AND e.sid = CASE WHEN v_fork_seq IS NULL OR v_turn > v_fork_seq THEN v_sid
+                   ELSE (SELECT f.ancestor FROM {s}.forks f WHERE f.sid = v_sid
+                          AND v_turn > f.after_seq AND v_turn <= f.through_seq) END) THEN
             o_code := '{TURN_NOT_INBOUND_CODE}'; o_message := v_turn::text;
             o_detail := v_head::text;
             RETURN;
@@ -214,7 +230,14 @@ BEGIN
         SELECT e.seq, e.kind, e.payload, e.epoch
           INTO v_existing, v_kind, v_payload, v_entry_epoch
           FROM {s}.entries e WHERE e.sid = v_sid AND e.scope = p_scope AND e.id = p_ids[i];
-        IF NOT FOUND THEN
+        IF NOT FOUND AND v_fork_seq IS NOT NULL THEN
+            SELECT e.seq, e.kind, e.payload, e.epoch
+              INTO v_existing, v_kind, v_payload, v_entry_epoch
+              FROM {s}.forks f JOIN {s}.entries e ON e.sid = f.ancestor
+             WHERE f.sid = v_sid AND e.scope = p_scope AND e.id = p_ids[i]
+               AND e.seq > f.after_seq AND e.seq <= f.through_seq;
+        END IF;
+        IF v_existing IS NULL THEN
             v_earlier := array_position(p_ids[1:i - 1], p_ids[i]);
             IF v_earlier IS NOT NULL THEN
                 v_existing := o_seqs[v_earlier]; v_kind := p_kinds[v_earlier];

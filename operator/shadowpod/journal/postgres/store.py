@@ -33,6 +33,7 @@ from shadowpod.journal import codec
 from shadowpod.journal.arguments import (
     check_epoch,
     check_keep,
+    check_no_nul,
     check_owner_epoch,
     check_read,
     check_schema_version,
@@ -53,8 +54,10 @@ from shadowpod.journal.postgres.schema import check_schema_name, init_schema
 from shadowpod.journal.store import (
     Appended,
     CompressedDocument,
+    ForkPoint,
     Retention,
     SessionInfo,
+    SessionPosition,
     Snapshot,
     SnapshotInfo,
     Writer,
@@ -168,11 +171,22 @@ class PostgresJournalStore:
     # --- sessions ---------------------------------------------------------------------
 
     async def create_session(
-        self, session: str, *, meta: Mapping[str, str] | None = None
+        self,
+        session: str,
+        *,
+        meta: Mapping[str, str] | None = None,
+        fork: ForkPoint | None = None,
     ) -> SessionInfo:
         check_session_id(session)
+        check_no_nul("the session's meta", dict(meta or {}))
+        if fork is not None:
+            check_seq("fork seq", fork.seq)
         async with self._tx() as conn:
-            return await self._ops.create_session(conn, session, Jsonb(dict(meta or {})))
+            return await self._ops.create_session(conn, session, Jsonb(dict(meta or {})), fork)
+
+    async def update_meta(self, session: str, changes: Mapping[str, str]) -> SessionInfo:
+        async with self._tx() as conn:
+            return await self._ops.update_meta(conn, session, Jsonb(dict(changes)))
 
     async def get_session(self, session: str) -> SessionInfo:
         async with self._tx() as conn:
@@ -181,6 +195,10 @@ class PostgresJournalStore:
     async def list_sessions(self) -> list[SessionInfo]:
         async with self._tx() as conn:
             return await self._ops.list_sessions(conn)
+
+    async def positions(self) -> list[SessionPosition]:
+        async with self._tx() as conn:
+            return await self._ops.positions(conn)
 
     async def delete_session(self, session: str) -> None:
         async with self._tx() as conn:
@@ -199,6 +217,8 @@ class PostgresJournalStore:
         writer: Writer = Writer.GATEWAY,
     ) -> list[Appended]:
         check_owner_epoch(owner_epoch)
+        for entry in entries:
+            check_no_nul(f"entry {entry.id!r}", entry.payload)
         if self._group is None:
             raise RuntimeError(f"{self!r} is not open")
         scope = Writer.OWNER if owner_epoch is not None else writer

@@ -138,6 +138,16 @@ def apply_retention(tx: WriteTx, session: str, keep_snapshots: int) -> Retention
     if kept:
         acked = conn.execute("SELECT max(seq) FROM acks WHERE sid = ?", (sid,)).fetchone()[0]
         through = min(kept[-1], acked or 0)
+        # A fork reads this session's entries up to its fork point until its own
+        # retention truncates past it: those stay.
+        (needed,) = conn.execute(
+            "SELECT min(max(f.after_seq, s.truncated_through)) FROM forks f "
+            "JOIN sessions s ON s.sid = f.sid WHERE f.ancestor = ? "
+            "AND s.truncated_through < f.through_seq",
+            (sid,),
+        ).fetchone()
+        if needed is not None:
+            through = min(through, needed)
         if through > truncated_through:
             cursor = conn.execute("DELETE FROM entries WHERE sid = ? AND seq <= ?", (sid, through))
             deleted_entries = cursor.rowcount

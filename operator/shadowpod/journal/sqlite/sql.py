@@ -20,7 +20,7 @@ from shadowpod.domain.entries import JournalEntry, NewEntry, named_turn
 from shadowpod.domain.errors import SchemaTooNew
 from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.domain.payloads import EntryKind
-from shadowpod.journal import codec
+from shadowpod.journal import codec, forks
 from shadowpod.journal.errors import (
     EpochConflict,
     Fenced,
@@ -30,13 +30,14 @@ from shadowpod.journal.errors import (
     JournalTruncated,
     OwnerMismatch,
     SessionExists,
+    SessionHasForks,
     SessionNotFound,
 )
 from shadowpod.journal.ownership import TRIGGER_MESSAGE, epoch_marker, validate_transition
 from shadowpod.journal.sqlite.writer import WriteTx
-from shadowpod.journal.store import Appended, SessionInfo, Writer
+from shadowpod.journal.store import Appended, ForkPoint, SessionInfo, SessionPosition, Writer
 
-STORE_SCHEMA_VERSION: Final = 3
+STORE_SCHEMA_VERSION: Final = 4
 
 _DDL: Final = """
 CREATE TABLE IF NOT EXISTS shadowpod_meta (
@@ -54,7 +55,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     owner TEXT,
     fence TEXT NOT NULL DEFAULT 'open',
     fence_seq INTEGER,
-    ownership_us INTEGER
+    ownership_us INTEGER,
+    parent_sid INTEGER,
+    fork_seq INTEGER
 );
 CREATE TABLE IF NOT EXISTS entries (
     pos INTEGER PRIMARY KEY,
@@ -75,6 +78,14 @@ CREATE TABLE IF NOT EXISTS acks (
     seq INTEGER NOT NULL,
     PRIMARY KEY (sid, epoch)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS forks (
+    sid INTEGER NOT NULL,
+    ancestor INTEGER NOT NULL,
+    after_seq INTEGER NOT NULL,
+    through_seq INTEGER NOT NULL,
+    PRIMARY KEY (sid, ancestor)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS forks_by_ancestor ON forks (ancestor);
 CREATE TABLE IF NOT EXISTS snapshots (
     rid INTEGER PRIMARY KEY,
     sid INTEGER NOT NULL,
@@ -141,6 +152,14 @@ _TO_V3: Final = (
 )
 
 
+# Version 3 to 4: forks (``journal/forks.py``): a session may read its parent's journal
+# up to the seq it was forked at (the ``forks`` table is made by the DDL).
+_TO_V4: Final = (
+    ("parent_sid", "ALTER TABLE sessions ADD COLUMN parent_sid INTEGER"),
+    ("fork_seq", "ALTER TABLE sessions ADD COLUMN fork_seq INTEGER"),
+)
+
+
 def init_schema(conn: sqlite3.Connection) -> None:
     """Create the tables, or check that an existing database is one we can read (and
     bring one of an older version up to this one)."""
@@ -164,6 +183,11 @@ def init_schema(conn: sqlite3.Connection) -> None:
             if found < 3:
                 for statement in _TO_V3:
                     conn.execute(statement)
+            if found < 4:
+                columns = {r[1] for r in conn.execute("PRAGMA table_info(sessions)")}
+                for column, statement in _TO_V4:
+                    if column not in columns:
+                        conn.execute(statement)
             if found < STORE_SCHEMA_VERSION:
                 conn.execute(
                     "UPDATE shadowpod_meta SET value = ? WHERE key = 'schema_version'",
@@ -188,7 +212,8 @@ def init_schema(conn: sqlite3.Connection) -> None:
 
 _SESSION_COLUMNS: Final = (
     "sid, name, created_us, meta, head, truncated_through, epoch, owner, fence, fence_seq, "
-    "ownership_us"
+    "ownership_us, fork_seq, "
+    "(SELECT p.name FROM sessions p WHERE p.sid = sessions.parent_sid) AS fork_of"
 )
 
 
@@ -208,6 +233,8 @@ def _session_info(row: sqlite3.Row) -> SessionInfo:
         head=row["head"],
         truncated_through=row["truncated_through"],
         meta=codec.decode_payload(row["meta"]),
+        fork_of=row["fork_of"],
+        fork_seq=row["fork_seq"],
     )
 
 
@@ -222,16 +249,92 @@ def _ownership(row: sqlite3.Row) -> Ownership:
     )
 
 
-def create_session(tx: WriteTx, session: str, meta: Mapping[str, str]) -> SessionInfo:
+def create_session(
+    tx: WriteTx, session: str, meta: Mapping[str, str], fork: ForkPoint | None = None
+) -> SessionInfo:
     conn = tx.conn
     exists = conn.execute("SELECT 1 FROM sessions WHERE name = ?", (session,)).fetchone()
     if exists:
         raise SessionExists(session)
+    if fork is None:
+        conn.execute(
+            "INSERT INTO sessions (name, created_us, meta) VALUES (?, ?, ?)",
+            (session, tx.now_us, codec.encode_payload(dict(meta))),
+        )
+        return _session_info(session_row(conn, session))
+    parent = session_row(conn, fork.session)
+    forks.check_point(fork, parent["head"], parent["truncated_through"])
+    ancestors = forks.inherited(
+        parent["sid"], parent["fork_seq"], segments(conn, parent["sid"]), fork.seq
+    )
+    cursor = conn.execute(
+        "INSERT INTO sessions (name, created_us, meta, head, truncated_through, epoch, "
+        "parent_sid, fork_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            session,
+            tx.now_us,
+            codec.encode_payload(dict(meta)),
+            fork.seq,
+            parent["truncated_through"],
+            parent["epoch"],
+            parent["sid"],
+            fork.seq,
+        ),
+    )
+    sid = cursor.lastrowid
+    conn.executemany(
+        "INSERT INTO forks (sid, ancestor, after_seq, through_seq) VALUES (?, ?, ?, ?)",
+        [(sid, s.sid, s.after, s.through) for s in ancestors],
+    )
+    acked = _acked_at(conn, ancestors, fork.seq, parent["truncated_through"])
+    if acked is not None:
+        conn.execute("INSERT INTO acks (sid, epoch, seq) VALUES (?, ?, ?)", (sid, *acked))
+    # The newest snapshot at or below the fork point, so the fork's first owner
+    # restores from it rather than replaying the parent's journal from its start.
     conn.execute(
-        "INSERT INTO sessions (name, created_us, meta) VALUES (?, ?, ?)",
-        (session, tx.now_us, codec.encode_payload(dict(meta))),
+        "INSERT INTO snapshots (sid, watermark, schema_version, created_us, data) "
+        "SELECT ?, watermark, schema_version, created_us, data FROM snapshots "
+        "WHERE sid = ? AND watermark <= ? ORDER BY watermark DESC LIMIT 1",
+        (sid, parent["sid"], fork.seq),
     )
     return _session_info(session_row(conn, session))
+
+
+def segments(conn: sqlite3.Connection, sid: int) -> list[forks.Segment]:
+    """The ancestor segments of session ``sid`` (none: not a fork)."""
+    return [
+        forks.Segment(ancestor, after, through)
+        for ancestor, after, through in conn.execute(
+            "SELECT ancestor, after_seq, through_seq FROM forks WHERE sid = ? ORDER BY after_seq",
+            (sid,),
+        )
+    ]
+
+
+def _acked_at(
+    conn: sqlite3.Connection, ancestors: Sequence[forks.Segment], at: int, truncated_through: int
+) -> tuple[int, int] | None:
+    """(epoch, turn) of the last ack journaled at or below ``at``: the watermark a fork
+    inherits. Retention truncates acked turns only, so an ack removed with the entries
+    is at least the truncation point."""
+    for segment in sorted(ancestors, key=lambda s: s.after, reverse=True):
+        row = conn.execute(
+            "SELECT epoch, payload FROM entries WHERE sid = ? AND seq > ? AND seq <= ? "
+            "AND kind = 'ack' ORDER BY seq DESC LIMIT 1",
+            (segment.sid, segment.after, min(at, segment.through or at)),
+        ).fetchone()
+        if row is not None:
+            return int(row[0]), int(codec.decode_payload(row[1])["turn"])
+    return (0, truncated_through) if truncated_through else None
+
+
+def update_meta(tx: WriteTx, session: str, changes: Mapping[str, str]) -> SessionInfo:
+    row = session_row(tx.conn, session)
+    meta = {**codec.decode_payload(row["meta"]), **changes}
+    tx.conn.execute(
+        "UPDATE sessions SET meta = ? WHERE sid = ?", (codec.encode_payload(meta), row["sid"])
+    )
+    return _session_info(session_row(tx.conn, session))
 
 
 def get_session(conn: sqlite3.Connection, session: str) -> SessionInfo:
@@ -243,10 +346,29 @@ def list_sessions(conn: sqlite3.Connection) -> list[SessionInfo]:
     return [_session_info(row) for row in rows]
 
 
+def positions(conn: sqlite3.Connection) -> list[SessionPosition]:
+    rows = conn.execute(
+        "SELECT s.name, s.head, coalesce((SELECT max(a.seq) FROM acks a WHERE a.sid = s.sid), 0),"
+        " s.epoch, s.fence FROM sessions s ORDER BY s.name"
+    ).fetchall()
+    return [SessionPosition(r[0], r[1], min(r[1], r[2]), r[3], r[4]) for r in rows]
+
+
 def delete_session(tx: WriteTx, session: str) -> None:
     sid = session_row(tx.conn, session)["sid"]
-    for table in ("entries", "acks", "snapshots", "sessions"):
+    readers = [
+        name
+        for (name,) in tx.conn.execute(
+            "SELECT s.name FROM forks f JOIN sessions s ON s.sid = f.sid "
+            "WHERE f.ancestor = ? AND s.truncated_through < f.through_seq ORDER BY s.name",
+            (sid,),
+        )
+    ]
+    if readers:
+        raise SessionHasForks(session, readers)
+    for table in ("entries", "acks", "snapshots", "sessions", "forks"):
         tx.conn.execute(f"DELETE FROM {table} WHERE sid = ?", (sid,))
+    tx.conn.execute("DELETE FROM forks WHERE ancestor = ?", (sid,))
 
 
 # --- journal ------------------------------------------------------------------------------
@@ -262,12 +384,13 @@ def append(
 ) -> list[Appended]:
     conn = tx.conn
     row = conn.execute(
-        "SELECT sid, head, epoch, owner, truncated_through FROM sessions WHERE name = ?",
+        "SELECT sid, head, epoch, owner, truncated_through, fork_seq FROM sessions WHERE name = ?",
         (session,),
     ).fetchone()
     if row is None:
         raise SessionNotFound(session)
-    sid, head, current_epoch, current_owner, truncated_through = row
+    sid, head, current_epoch, current_owner, truncated_through, fork_seq = row
+    ancestors = segments(conn, sid) if fork_seq is not None else []
     if owner_epoch is not None:
         if owner_epoch != current_epoch:
             raise Fenced(session, epoch=owner_epoch, current=current_epoch)
@@ -276,9 +399,9 @@ def append(
                 session, epoch=owner_epoch, owner=owner, current_owner=current_owner
             )
         writer = Writer.OWNER
-    _check_turns(conn, session, sid, head, truncated_through, entries)
+    _check_turns(conn, session, sid, head, truncated_through, entries, ancestors)
     epoch = 0 if owner_epoch is None else owner_epoch
-    known = _journaled(conn, session, sid, int(writer), entries, epoch)
+    known = _journaled(conn, session, sid, int(writer), entries, epoch, ancestors)
     start = head
     results: list[Appended] = []
     for entry in entries:
@@ -321,22 +444,26 @@ def _journaled(
     scope: int,
     entries: Sequence[NewEntry],
     epoch: int,
+    ancestors: Sequence[forks.Segment] = (),
 ) -> dict[str, int]:
     """The seqs of the ids of ``entries`` journaled before in ``scope``; an
     ``IdempotencyConflict`` (before anything is written: check, then write) for an id
     journaled with other content — unless it is an owner's entry from an older epoch,
-    which a new owner redoing that turn re-derives and yields to."""
+    which a new owner redoing that turn re-derives and yields to. A fork's entries
+    include its ancestors' up to the fork point (``ancestors``)."""
     ids = list(dict.fromkeys(entry.id for entry in entries))
     found: dict[str, tuple[int, str, int, bytes]] = {}
-    for at in range(0, len(ids), _IN_BATCH):
-        chunk = ids[at : at + _IN_BATCH]
-        marks = ",".join("?" * len(chunk))
-        for entry_id, seq, kind, entry_epoch, payload in conn.execute(
-            "SELECT id, seq, kind, epoch, payload FROM entries "
-            f"WHERE sid = ? AND scope = ? AND id IN ({marks})",
-            (sid, scope, *chunk),
-        ):
-            found[entry_id] = (seq, kind, entry_epoch, payload)
+    for segment in [forks.Segment(sid, 0, None), *ancestors]:
+        missing = [i for i in ids if i not in found]
+        for at in range(0, len(missing), _IN_BATCH):
+            chunk = missing[at : at + _IN_BATCH]
+            marks = ",".join("?" * len(chunk))
+            for entry_id, seq, kind, entry_epoch, payload in conn.execute(
+                "SELECT id, seq, kind, epoch, payload FROM entries "
+                f"WHERE sid = ? AND scope = ? AND id IN ({marks}) AND seq > ? AND seq <= ?",
+                (segment.sid, scope, *chunk, segment.after, segment.through or _NO_END),
+            ):
+                found[entry_id] = (seq, kind, entry_epoch, payload)
     first: dict[str, NewEntry] = {}
     for entry in entries:
         if (prior := found.get(entry.id)) is not None:
@@ -359,6 +486,7 @@ def _check_turns(
     head: int,
     truncated_through: int,
     entries: Sequence[NewEntry],
+    ancestors: Sequence[forks.Segment] = (),
 ) -> None:
     """Every turn named is an inbound entry already journaled (or removed by retention,
     which removes acked turns only)."""
@@ -369,7 +497,9 @@ def _check_turns(
             continue
         if turn > head:
             raise InvalidTurn(session, kind=entry.kind, turn=turn, head=head, beyond=True)
-        if turn > truncated_through and conn.execute(_INBOUND_AT, (sid, turn)).fetchone() is None:
+        segment = forks.holding(ancestors, turn)
+        at = sid if segment is None else segment.sid
+        if turn > truncated_through and conn.execute(_INBOUND_AT, (at, turn)).fetchone() is None:
             raise InvalidTurn(session, kind=entry.kind, turn=turn, head=head, beyond=False)
         checked.add(turn)
 
@@ -379,12 +509,29 @@ def read(conn: sqlite3.Connection, session: str, after: int, limit: int) -> list
     _check_not_truncated(session, row["truncated_through"], after)
     cursor = conn.cursor()
     cursor.row_factory = None  # plain tuples: this is the bulk path of replay
-    rows = cursor.execute(
-        "SELECT seq, id, kind, epoch, ts_us, payload FROM entries "
-        "WHERE sid = ? AND seq > ? ORDER BY seq LIMIT ?",
-        (row["sid"], after, limit),
-    ).fetchall()
+    rows: list[tuple[int, str, str, int, int, bytes]] = []
+    for span in _spans(conn, row, after):
+        rows += cursor.execute(
+            "SELECT seq, id, kind, epoch, ts_us, payload FROM entries "
+            "WHERE sid = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?",
+            (span.sid, span.after, span.through or _NO_END, limit - len(rows)),
+        ).fetchall()
+        if len(rows) >= limit:
+            break
     return [codec.entry_from_row(*r) for r in rows]
+
+
+# The bound of a span with no end (SQLite's largest integer).
+_NO_END: Final = 2**63 - 1
+
+
+def _spans(conn: sqlite3.Connection, row: sqlite3.Row, after: int) -> list[forks.Segment]:
+    """Where the session's entries after ``after`` are: its own rows, or for a fork
+    read below its fork point, its ancestors' too."""
+    fork_seq = row["fork_seq"]
+    if fork_seq is None or after >= fork_seq:
+        return [forks.Segment(row["sid"], after, None)]
+    return forks.spans(segments(conn, row["sid"]), row["sid"], fork_seq, after)
 
 
 # The page as one JSON array, built by SQLite's JSON functions: no Python object per
@@ -401,7 +548,7 @@ SELECT json_group_array(json_object(
     'payload', json(CAST(payload AS TEXT))
 )) FROM (
     SELECT seq, id, kind, epoch, ts_us, payload FROM entries
-    WHERE sid = ? AND seq > ? ORDER BY seq LIMIT ?
+    WHERE sid = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?
 )
 """
 
@@ -409,8 +556,27 @@ SELECT json_group_array(json_object(
 def read_json(conn: sqlite3.Connection, session: str, after: int, limit: int) -> bytes:
     row = session_row(conn, session)
     _check_not_truncated(session, row["truncated_through"], after)
-    (array,) = conn.execute(_READ_JSON, (row["sid"], after, limit)).fetchone()
-    return str(array).encode()
+    spans = _spans(conn, row, after)
+    if len(spans) == 1:
+        (array,) = conn.execute(_READ_JSON, (row["sid"], after, _NO_END, limit)).fetchone()
+        return str(array).encode()
+    pieces: list[str] = []
+    left = limit
+    for span in spans:
+        (count,) = conn.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM entries WHERE sid = ? AND seq > ? AND seq <= ? "
+            "LIMIT ?)",
+            (span.sid, span.after, span.through or _NO_END, left),
+        ).fetchone()
+        if count:
+            (array,) = conn.execute(
+                _READ_JSON, (span.sid, span.after, span.through or _NO_END, left)
+            ).fetchone()
+            pieces.append(str(array)[1:-1])
+            left -= count
+        if left <= 0:
+            break
+    return ("[" + ",".join(pieces) + "]").encode()
 
 
 def _check_not_truncated(session: str, truncated_through: int, after: int) -> None:

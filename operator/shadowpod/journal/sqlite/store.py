@@ -37,8 +37,10 @@ from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
 from shadowpod.journal.store import (
     Appended,
     CompressedDocument,
+    ForkPoint,
     Retention,
     SessionInfo,
+    SessionPosition,
     Snapshot,
     SnapshotInfo,
     Writer,
@@ -201,16 +203,31 @@ class SQLiteJournalStore:
     # --- sessions ---------------------------------------------------------------------
 
     async def create_session(
-        self, session: str, *, meta: Mapping[str, str] | None = None
+        self,
+        session: str,
+        *,
+        meta: Mapping[str, str] | None = None,
+        fork: ForkPoint | None = None,
     ) -> SessionInfo:
         check_session_id(session)
-        return await self._write(session, lambda tx: sql.create_session(tx, session, meta or {}))
+        if fork is not None:
+            check_seq("fork seq", fork.seq)
+        return await self._write(
+            session, lambda tx: sql.create_session(tx, session, meta or {}, fork)
+        )
+
+    async def update_meta(self, session: str, changes: Mapping[str, str]) -> SessionInfo:
+        values = dict(changes)
+        return await self._write(session, lambda tx: sql.update_meta(tx, session, values))
 
     async def get_session(self, session: str) -> SessionInfo:
         return await self._read(lambda conn: sql.get_session(conn, session))
 
     async def list_sessions(self) -> list[SessionInfo]:
         return await self._read(sql.list_sessions)
+
+    async def positions(self) -> list[SessionPosition]:
+        return await self._read(sql.positions)
 
     async def delete_session(self, session: str) -> None:
         self._recent.forget(session)

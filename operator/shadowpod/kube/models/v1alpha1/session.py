@@ -197,6 +197,32 @@ class DeploymentReference(KubeModel):
     name: Name
 
 
+class ForkFrom(KubeModel):
+    """Where a fork starts: another AgentSession of the namespace, at a seq of its
+    journal or at one of its snapshots (exactly one of the two)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            Rule(
+                "has(self.seq) != has(self.snapshot)",
+                "forkFrom takes exactly one of seq and snapshot: where the fork starts",
+            ),
+            Rule(
+                "self == oldSelf",
+                "forkFrom cannot change: a session is forked once, when it is made",
+            ),
+        )
+    )
+
+    session: Name = Field(description="The AgentSession to fork, in this namespace.")
+    seq: Int64 | None = Field(
+        default=None, ge=0, description="Fork at this seq of its journal (its state there)."
+    )
+    snapshot: Int64 | None = Field(
+        default=None, ge=0, description="Fork at its snapshot of this watermark."
+    )
+
+
 class AgentSessionSpec(KubeModel):
     """The session's agent: the container it runs in and how it is moved. Changing
     image starts a live migration to the new image. A session that follows an
@@ -285,6 +311,12 @@ class AgentSessionSpec(KubeModel):
         pattern=DURATION_PATTERN,
         description='Suspend the session when no client message came for this long ("15m",'
         ' "1h30m"); the next message wakes it. Unset: never suspended for being idle.',
+    )
+    fork_from: ForkFrom | None = Field(
+        default=None,
+        description="Start as a fork of another session: its state at that point (its"
+        " journal up to it, shared with it, not copied), a journal of its own from there"
+        " on; the parent is untouched. Tool calls done before the point are not redone.",
     )
 
 
