@@ -414,7 +414,16 @@ def rollout_status(target: Any, deployment: str) -> None:
         "sessions: "
         + ", ".join(
             f"{counts.get(k, 0)} {k}"
-            for k in ("total", "updated", "pinned", "queued", "migrating", "failed", "unavailable")
+            for k in (
+                "total",
+                "updated",
+                "pinned",
+                "queued",
+                "migrating",
+                "failed",
+                "unavailable",
+                "suspended",
+            )
         )
     )
     versions = Table("IMAGE", "SESSIONS")

@@ -62,11 +62,12 @@ _PHASE_EVENTS: Final = {
 }
 
 
-def migration_name(session: str, revision: int, image: str) -> str:
-    """One per session, revision and target image: a repeated pass finds it made; the
-    move back of an abort (another image) is another."""
+def migration_name(session: str, revision: int, image: str, attempt: int = 0) -> str:
+    """One per session, revision, target image and attempt: a repeated pass finds it
+    made; the move back of an abort (another image) is another, and so is a retry after
+    a resume (an inconclusive gate)."""
     digest = hashlib.sha256(image.encode()).hexdigest()[:6]
-    return f"{session}-r{revision}-{digest}"
+    return f"{session}-r{revision}-{digest}" + (f"-{attempt}" if attempt else "")
 
 
 def _int(value: Any) -> int | None:
@@ -115,6 +116,8 @@ def _outcome(migration: dict[str, Any], deployment: str, version: str) -> Outcom
             if gate.get("agreementPercent") is None
             else gate["agreementPercent"] / 100,
             message=str(gate.get("message") or ""),
+            inconclusive=not gate.get("compared")
+            and all(g.get("passed") for g in gate.get("goldens") or []),
         )
     return Outcome(
         migration=migration["metadata"]["name"],
@@ -163,6 +166,7 @@ def follower_of(
         # A session with its own image is moved by its own image changes, not rollouts.
         pinned=bool(spec.get("pinned")) or bool(spec.get("image")),
         serving=ready,
+        suspended=status.get("phase") == "Suspended",
         move=move,
         last=last,
     )
@@ -252,7 +256,7 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Plan | None:
         session = AgentSession.model_validate(sessions[start.session])
         manifest = manifests.agent_migration(
             session,
-            name=migration_name(start.session, start.revision, start.target),
+            name=migration_name(start.session, start.revision, start.target, start.attempt),
             reason=REASON,
             image=start.target,
         )
