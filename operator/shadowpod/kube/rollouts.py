@@ -364,26 +364,42 @@ async def reconcile_named(ctx: OperatorContext, namespace: str, name: str) -> No
     """``reconcile`` of the AgentDeployment ``name``, read first (gone: nothing), one
     pass at a time per deployment; a pass that fails is said and tried at the next.
     Asked while a pass already waits its turn, it leaves it to that one: every session's
-    change can ask without a fleet's worth of passes queueing up."""
+    change can ask without a fleet's worth of passes queueing up.
+
+    A waiting pass that is cancelled (its caller stopped: a session's timer ends when
+    the session becomes steady, and cancels the pass it was running) gives the turn
+    back: else every later ask — events, the AgentDeployment's own timer — would fold
+    into a pass that never runs, and the rollout would stand still where it was."""
     key = (namespace, name)
     if key in ctx.rollout_passes_due:
         return
     ctx.rollout_passes_due.add(key)
-    async with ctx.lock(f"deployment/{namespace}/{name}"):
-        ctx.rollout_passes_due.discard(key)
-        body = await ctx.api.get(namespaced("agentdeployments", namespace, name))
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            return
-        try:
-            result = await reconcile(ctx, body)
-        except (ShadowpodError, ValidationError) as exc:
-            await ctx.reconcile_failed(body, "AgentDeployment", exc)
-            return
-        if result is not None:
-            ctx.rollout_phases[(namespace, name)] = result.progress.phase.value
-        for phase in RolloutPhase:
-            count = sum(1 for p in ctx.rollout_phases.values() if p == phase.value)
-            ctx.metrics.rollouts.labels(phase=phase.value).set(count)
+    running = False
+    try:
+        async with ctx.lock(f"deployment/{namespace}/{name}"):
+            running = True
+            ctx.rollout_passes_due.discard(key)
+            await _pass(ctx, namespace, name)
+    finally:
+        if not running:
+            ctx.rollout_passes_due.discard(key)
+
+
+async def _pass(ctx: OperatorContext, namespace: str, name: str) -> None:
+    """One pass, its turn taken."""
+    body = await ctx.api.get(namespaced("agentdeployments", namespace, name))
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        result = await reconcile(ctx, body)
+    except (ShadowpodError, ValidationError) as exc:
+        await ctx.reconcile_failed(body, "AgentDeployment", exc)
+        return
+    if result is not None:
+        ctx.rollout_phases[(namespace, name)] = result.progress.phase.value
+    for phase in RolloutPhase:
+        count = sum(1 for p in ctx.rollout_phases.values() if p == phase.value)
+        ctx.metrics.rollouts.labels(phase=phase.value).set(count)
 
 
 def forget(ctx: OperatorContext, namespace: str, name: str) -> None:
