@@ -14,6 +14,7 @@ import json
 import re
 import shlex
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -399,6 +400,40 @@ async def test_the_readmes_fleet_upgrade_block_does_what_it_says(fleet: World) -
     fails the test, so the block cannot grow a command this does not run."""
     world = fleet
     said: dict[str, str] = {}
+    followers = ["support-1", "support-2", "support-3"]
+    # The users' traffic the block's canary is judged on (README: "with your users'
+    # messages flowing"): it starts once the followers serve, as a user's would.
+    traffic = contextlib.AsyncExitStack()
+    loads: list[Load] = []
+    async with traffic:
+        await _carry_out_readme_block(world, said, traffic, loads, followers)
+        for load in loads:
+            assert await load.stop(), "some accepted messages were never answered"
+    # What the block's comments say: the canary moved to v2 and the rest waited; the
+    # status named the step and the versions; history lists the canary's migration.
+    shown = await images(world, followers)
+    assert sorted(shown.values()).count("shadowpod-refagent:v2") >= 1, shown
+    assert "Paused" in said["status"] and "shadowpod-refagent:v2" in said["status"]
+    made = await rollout_migrations(world, "support")
+    assert made and all(m["metadata"]["name"] in said["history"] for m in made)
+    for name, load in zip(followers, loads, strict=True):
+        own = [m for m in made if m["spec"]["sessionRef"]["name"] == name]
+        assert invariants(load, own) == {}, name
+    body = await deployment(world, "support")
+    assert body["status"]["revision"] == 2 and not body["spec"].get("paused")
+
+
+def _answered(load: Load) -> Callable[[], int]:
+    return lambda: len(load.load.replies)
+
+
+async def _carry_out_readme_block(
+    world: World,
+    said: dict[str, str],
+    traffic: contextlib.AsyncExitStack,
+    loads: list[Load],
+    followers: list[str],
+) -> None:
     for command in _readme_block():
         match command:
             case ["kubectl", "apply", "-f", path]:
@@ -423,6 +458,11 @@ async def test_the_readmes_fleet_upgrade_block_does_what_it_says(fleet: World) -
                     await eventually(reached, timeout=seconds, every=0.3)
                 except AssertionError:
                     raise AssertionError(f"README: {command}: {seen}") from None
+                if phase == "Complete" and not loads:
+                    for name in followers:
+                        loads.append(await traffic.enter_async_context(Load(world, name, rate=5)))
+                    for load in loads:
+                        await eventually(_answered(load), timeout=30)
             case ["kubectl", "patch", "agd", name, "--type", "merge", "-p", patch]:
                 await world.raw.patch(world.path("agentdeployments", name), json.loads(patch))
             case ["kubectl", "shadowpod", "rollout", verb, name]:
@@ -431,13 +471,3 @@ async def test_the_readmes_fleet_upgrade_block_does_what_it_says(fleet: World) -
                 said[verb] = result.output
             case _:
                 raise AssertionError(f"README: a command this test does not run: {command}")
-    # What the block's comments say: the canary moved to v2 and the rest waited; the
-    # status named the step and the versions; history lists the canary's migration.
-    followers = ["support-1", "support-2", "support-3"]
-    shown = await images(world, followers)
-    assert sorted(shown.values()).count("shadowpod-refagent:v2") >= 1, shown
-    assert "Paused" in said["status"] and "shadowpod-refagent:v2" in said["status"]
-    made = await rollout_migrations(world, "support")
-    assert made and all(m["metadata"]["name"] in said["history"] for m in made)
-    body = await deployment(world, "support")
-    assert body["status"]["revision"] == 2 and not body["spec"].get("paused")
