@@ -38,6 +38,8 @@ ALERTS = [
     "ShadowpodMigrationStuck",
     "ShadowpodMigrationRollbackRateHigh",
     "ShadowpodUpgradeGateUnavailable",
+    "ShadowpodRolloutHalted",
+    "ShadowpodRolloutStalled",
     "ShadowpodSessionWithoutReadyOwner",
     "ShadowpodOperatorAbsent",
 ]
@@ -316,6 +318,65 @@ def test_a_gate_that_cannot_judge_fires_at_once(rules: Path) -> None:
     }
     run_case(rules, 30, gated_upgrades("ValidationUnavailable"), expected, eval_minute=30)
     run_case(rules, 30, gated_upgrades("ValidationUnavailable"), {}, eval_minute=4)
+
+
+def test_a_halted_rollout_fires(rules: Path) -> None:
+    def step(minute: int, metrics: OperatorMetrics) -> None:
+        metrics.sessions.labels(phase="Running").set(3)
+        halted = minute >= 5
+        metrics.rollouts.labels(phase="Halted").set(1 if halted else 0)
+        metrics.rollouts.labels(phase="Progressing").set(0 if halted else 1)
+        if minute in (1, 3):  # the canary's moves: one succeeds, the next is rejected
+            result = "Succeeded" if minute == 1 else "RolledBack"
+            finished(metrics, 20.0, 0.05 if minute == 1 else None, result, "ValidationFailed")
+
+    expected = {
+        "ShadowpodRolloutHalted": [
+            alert(
+                "warning",
+                "shadowpodrollouthalted",
+                "1 AgentDeployment rollout(s) halted: more migrations of a step failed than"
+                " its failureBudget.",
+                "The other sessions stay on their version, serving; kubectl shadowpod rollout"
+                " status names the reason and the sessions.",
+            )
+        ]
+    }
+    run_case(rules, 10, step, {}, eval_minute=4)
+    run_case(rules, 10, step, expected, eval_minute=7)
+
+
+def test_a_rollout_that_moves_nothing_for_half_an_hour_fires_one_that_moves_does_not(
+    rules: Path,
+) -> None:
+    def stalled(minute: int, metrics: OperatorMetrics) -> None:
+        metrics.sessions.labels(phase="Running").set(3)
+        metrics.rollouts.labels(phase="Progressing").set(1)
+        if minute == 2:  # one move, then nothing
+            finished(metrics, 20.0, 0.05, "Succeeded", "Rollout")
+
+    expected = {
+        "ShadowpodRolloutStalled": [
+            alert(
+                "warning",
+                "shadowpodrolloutstalled",
+                "1 AgentDeployment rollout(s) progressing with no migration finished in 30"
+                " minutes.",
+                "A rollout that should move sessions has moved none for half an hour;"
+                " kubectl shadowpod rollout status says what its sessions wait for.",
+            )
+        ]
+    }
+    run_case(rules, 60, stalled, {}, eval_minute=40)
+    run_case(rules, 60, stalled, expected, eval_minute=50)
+
+    def moving(minute: int, metrics: OperatorMetrics) -> None:
+        metrics.sessions.labels(phase="Running").set(3)
+        metrics.rollouts.labels(phase="Progressing").set(1)
+        if minute % 10 == 0:
+            finished(metrics, 20.0, 0.05, "Succeeded", "Rollout")
+
+    run_case(rules, 60, moving, {}, eval_minute=55)
 
 
 def test_a_session_without_a_ready_owner_fires_after_five_minutes(rules: Path) -> None:

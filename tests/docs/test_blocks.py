@@ -69,10 +69,12 @@ def _docs_test_sections() -> set[tuple[str, str]]:
     sections = set()
     # The suspend/wake block is carried out line by line on the emulator, through the
     # API (no kubectl binary speaks to it), by the operator's lifecycle test.
+    # So is the fleet upgrade block, by the operator's rollout test.
     for test in (
         "docs/test_refagent_readme.py",
         "kube/test_operator_lifecycle.py",
         "kube/test_operator_forks.py",
+        "kube/test_operator_rollouts.py",
     ):
         source = (REPO / "tests" / test).read_text()
         [path] = re.findall(r'^README = "([^"]+)"', source, flags=re.MULTILINE)

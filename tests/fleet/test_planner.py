@@ -164,6 +164,49 @@ def test_a_session_without_a_serving_owner_stops_the_rollout() -> None:
     assert condition["Available"].status == "False"
 
 
+def test_a_rollout_is_complete_only_once_its_sessions_serve_again() -> None:
+    """As a Deployment's: every session on the new version is not enough while one of
+    them has no serving owner yet (just moved, its owner not Ready): the rollout says
+    Complete only when Available is True too, never Complete and unavailable at once."""
+    sessions = {name: replace(follower, version=NEW) for name, follower in fleet(4).items()}
+    sessions["s0003"] = replace(sessions["s0003"], serving=False)
+    state = RolloutState(revision=1, target=NEW, stable=OLD, started_at=1.0)
+    moved = plan(NEW, list(sessions.values()), RolloutStrategy(), state, Control(), 5.0)
+    assert moved.progress.phase is RolloutPhase.PROGRESSING
+    assert moved.state.completed_at is None
+    assert "s0003" not in [s.session for s in moved.start]  # on NEW already: not moved
+    assert "1 session" in moved.progress.message and "serv" in moved.progress.message
+    condition = {c.type: c for c in conditions(moved.progress, moved.state, 0)}
+    assert condition["Available"].status == "False"
+    assert condition["Progressing"].reason == "RollingOut"
+
+    sessions["s0003"] = replace(sessions["s0003"], serving=True)
+    done = plan(NEW, list(sessions.values()), RolloutStrategy(), moved.state, Control(), 6.0)
+    assert done.progress.phase is RolloutPhase.COMPLETE
+    condition = {c.type: c for c in conditions(done.progress, done.state, 0)}
+    assert (condition["Available"].status, condition["Progressing"].reason) == (
+        "True",
+        "RolloutComplete",
+    )
+
+
+def test_a_first_rollout_with_nothing_to_replace_skips_the_steps() -> None:
+    """A new AgentDeployment whose sessions start on its image has no earlier version to
+    guard: its canary and pause steps have nothing to compare, so it does not stop at
+    the pause (the abort test waited 240 s for a Complete that a pause held back)."""
+    sessions = [Follower(name, NEW, node="node-0") for name in ("a1", "a2")]
+    first = plan(NEW, [], CANARY_THEN_PAUSE, RolloutState(), Control(), 1.0)
+    assert first.state.stable is None
+    assert first.progress.phase is RolloutPhase.COMPLETE  # no session yet: nothing to do
+    later = plan(NEW, sessions, CANARY_THEN_PAUSE, first.state, Control(), 2.0)
+    assert later.progress.phase is RolloutPhase.COMPLETE
+    assert later.start == ()
+    # Sessions already there on another version: the steps guard the move, as before.
+    mixed = [Follower(name, OLD, node="node-0") for name in ("b1", "b2", "b3")]
+    guarded = plan(NEW, mixed, CANARY_THEN_PAUSE, RolloutState(), Control(), 1.0)
+    assert guarded.state.stable == OLD and guarded.progress.phase is RolloutPhase.PROGRESSING
+
+
 def test_estimated_completion_follows_the_moves_seen() -> None:
     world = World(fleet(40), RolloutStrategy(pace=Pace(max_concurrent=4, max_per_node=2)))
     assert world.tick(NEW).progress.estimated_completion is None  # nothing to go by yet
@@ -309,3 +352,60 @@ def test_an_outcome_is_counted_once_however_often_it_is_read() -> None:
     first = plan(NEW, [follower], strategy, state, Control(), 2.0)
     second = plan(NEW, [follower], strategy, first.state, Control(), 3.0)
     assert len(second.state.failures) == 1
+
+
+def test_a_suspended_session_neither_holds_the_rollout_nor_counts_as_unavailable() -> None:
+    """A session suspended on purpose has no owner to move and is not an outage: the
+    rollout completes without it (it starts on the new version when it resumes), and
+    Available stays True. Before, it held the rollout Progressing, "waiting for 1
+    session to serve again", for as long as it stayed suspended."""
+    sessions = fleet(4)
+    sessions["s0003"] = replace(sessions["s0003"], serving=False, suspended=True)
+    world = World(sessions, RolloutStrategy(steps=(Canary(sessions=1),)))
+    done = world.run(NEW, 40, lambda p: p.progress.phase is RolloutPhase.COMPLETE)
+    assert "s0003" not in world.started
+    assert done.progress.unavailable == 0 and done.progress.suspended == 1
+    assert "1 suspended start on it when they resume" in done.progress.message
+    condition = {c.type: c for c in conditions(done.progress, done.state, 0)}
+    assert condition["Available"].status == "True"
+    assert "3 of 4 sessions serving, 1 suspended" in condition["Available"].message
+
+
+def test_a_canary_the_gate_saw_no_turns_of_halts_as_inconclusive_and_a_resume_retries() -> None:
+    """No client traffic during the canary: the gate compared 0 live turns, so the move
+    rolled back — but nothing was judged. That is not a rejection of the version: the
+    rollout halts at once with NoLiveTurns (whatever the budget), counts it against no
+    budget, says how to go on, and a resume moves the same session again. Before, it
+    was counted as GateRejected and the session was never retried."""
+    strategy = RolloutStrategy(steps=(Canary(sessions=1), Pause()), failure_budget=5)
+    world = World(fleet(6), strategy, judge=lambda _s, _t: (False, "ValidationFailed"))
+    world.traffic = False
+    halted = world.run(NEW, 30, lambda p: p.progress.phase is RolloutPhase.HALTED)
+    assert halted.state.halted is not None
+    assert halted.state.halted.reason is FailureKind.NO_LIVE_TURNS
+    assert "no live turn to judge on s0000" in halted.state.halted.message
+    assert "inconclusive, not rejected" in halted.state.halted.message
+    assert "rollout resume" in halted.state.halted.message
+    assert world.started == ["s0000"]
+    condition = {c.type: c for c in conditions(halted.progress, halted.state, 0)}
+    assert (condition["Halted"].status, condition["Halted"].reason) == ("True", "NoLiveTurns")
+    for _ in range(5):
+        assert world.tick(NEW).start == ()
+
+    # Clients talk now; a resume judges the canary again, under a new migration name.
+    world.traffic, world.judge = True, lambda _s, _t: (True, None)
+    world.control = Control(resumes=1)
+    retried = world.tick(NEW)
+    assert [(s.session, s.attempt) for s in retried.start] == [("s0000", 1)]
+    paused = world.run(NEW, 20, lambda p: p.progress.phase is RolloutPhase.PAUSED)
+    assert paused.state.halted is None
+    assert world.sessions["s0000"].version == NEW
+    assert world.started == ["s0000", "s0000"]
+
+
+def test_a_rejection_with_turns_compared_is_still_a_rejection() -> None:
+    strategy = RolloutStrategy(steps=(Canary(sessions=1), Pause()), failure_budget=0)
+    world = World(fleet(6), strategy, judge=rejected)
+    halted = world.run(NEW, 30, lambda p: p.progress.phase is RolloutPhase.HALTED)
+    assert halted.state.halted is not None
+    assert halted.state.halted.reason is FailureKind.GATE_REJECTED

@@ -43,6 +43,8 @@ class World:
     # (session, target) -> (succeeded, engine reason); default: every move succeeds.
     judge: Callable[[str, str], tuple[bool, str | None]] = lambda _s, _t: (True, None)
     duration: int = 2
+    # Whether clients send turns during the moves: without, a gate has none to judge.
+    traffic: bool = True
     state: RolloutState = field(default_factory=RolloutState)
     control: Control = field(default_factory=Control)
     now: float = 1_000.0
@@ -149,7 +151,11 @@ class World:
             session = self.sessions[migration.session]
             assert not session.pinned, f"pinned {session.name} was moved"
             succeeded, reason = self.judge(session.name, migration.target)
-            verdict = Verdict(passed=reason != "ValidationFailed", judge="exact")
+            verdict = Verdict(
+                passed=reason != "ValidationFailed",
+                judge="exact",
+                inconclusive=reason == "ValidationFailed" and not self.traffic,
+            )
             outcome = Outcome(
                 migration.name,
                 migration.target,

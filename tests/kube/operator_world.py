@@ -90,6 +90,9 @@ class World:
         self.criu = False
         self.checkpoint_registry: str | None = None
         self.checkpoint_registry_insecure = False
+        # The pacing queue's caps: the operator's --max-concurrent-migrations[-per-node].
+        self.max_concurrent_migrations = 10
+        self.max_concurrent_migrations_per_node = 2
 
     @property
     def nodes(self) -> Nodes:
@@ -108,6 +111,8 @@ class World:
             criu=self.criu,
             checkpoint_registry=self.checkpoint_registry,
             checkpoint_registry_insecure=self.checkpoint_registry_insecure,
+            max_concurrent_migrations=self.max_concurrent_migrations,
+            max_concurrent_migrations_per_node=self.max_concurrent_migrations_per_node,
         )
 
     async def start_operator(self) -> None:

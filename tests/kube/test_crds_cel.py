@@ -456,7 +456,15 @@ CASES: Final = [
         edit(SESSION, {"spec.migration.strategy": "auto"}),
         refused="spec.migration.strategy: must be one of 'Auto', 'State', 'CRIU'",
     ),
-    Case("no image", edit(SESSION, {"spec.image": DELETE}), refused="spec.image: required"),
+    Case(
+        "no image and no deployment to take it from",
+        edit(SESSION, {"spec.image": DELETE}),
+        refused="spec.image is required unless the session follows an AgentDeployment",
+    ),
+    Case(
+        "no image: a session that follows an AgentDeployment takes its rollouts'",
+        edit(SESSION, {"spec.image": DELETE, "spec.deploymentRef": {"name": "support"}}),
+    ),
     Case(
         "two env entries of one name",
         edit(SESSION, {"spec.env.1": {"name": "MODE", "value": "slow"}}),
@@ -646,6 +654,8 @@ def as_deployment(case: Case) -> Case | None:
         return None
     if case.refused is not None and case.refused.startswith("status."):
         return None
+    if case.refused is not None and "unless the session follows" in case.refused:
+        return None  # a session's own rule: a template always needs its image
     if not set(spec) <= TEMPLATE_FIELDS | {"migration"}:
         return None
     template = {key: value for key, value in spec.items() if key in TEMPLATE_FIELDS}
@@ -670,6 +680,11 @@ CASES += [
 ]
 CASES += [
     Case("the base deployment", DEPLOYMENT),
+    Case(
+        "a template without an image",
+        edit(DEPLOYMENT, {"spec.template.image": DELETE}),
+        refused="spec.template.image: required",
+    ),
     Case(
         "a 64-character deployment name",
         edit(DEPLOYMENT, {"metadata.name": "a" * 64}),

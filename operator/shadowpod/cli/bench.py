@@ -869,6 +869,107 @@ def _print_cluster(report: dict[str, Any]) -> None:
     Console().print(f"machine: {_machine(report)}")
 
 
+@bench.command("rollout")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("/var/lib/shadowpod-cluster/admin.kubeconfig"),
+    show_default=True,
+    help="The cluster's kubeconfig (by default `make cluster`'s).",
+)
+@click.option(
+    "--gateway-host",
+    default="10.87.0.1",
+    show_default=True,
+    help="Where the gateway listens: an address of this machine the cluster's pods reach.",
+)
+@click.option("--sessions", default=1000, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--probes",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Sessions under client load, whose latency is measured before and during.",
+)
+@click.option("--rate", default=1.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--window", "window_s", default=30.0, show_default=True, type=float)
+@click.option("--timeout", "timeout_s", default=1800.0, show_default=True, type=float)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/tmp/shadowpod-bench-rollout"),
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def rollout(
+    kubeconfig: Path,
+    gateway_host: str,
+    sessions: int,
+    probes: int,
+    rate: float,
+    window_s: float,
+    timeout_s: float,
+    workdir: Path,
+    as_json: bool,
+) -> None:
+    """A fleet upgrade on a real API server: SESSIONS following one AgentDeployment,
+    its image bumped under the default caps; wall time, migrations in flight over
+    time against the caps, operator RSS and CPU, API requests/s, client latency p99
+    during the rollout against before it. Exit 1 if the caps were exceeded or a
+    message was lost, doubled or reordered."""
+    from shadowpod.bench.rollout import RolloutBenchConfig, run_rollout_bench
+
+    config = RolloutBenchConfig(
+        kubeconfig=kubeconfig,
+        gateway_host=gateway_host,
+        sessions=sessions,
+        probes=probes,
+        rate=rate,
+        window_s=window_s,
+        timeout_s=timeout_s,
+        workdir=workdir,
+    )
+    _run_and_report("rollout", run_rollout_bench(config), _print_rollout, as_json, True)
+
+
+def _print_rollout(report: dict[str, Any]) -> None:
+    if "error" in report:
+        Console().print(f"error: {report['error']}")
+        return
+    table = Table(title=f"fleet rollout of {report['config']['sessions']} sessions")
+    table.add_column("figure")
+    table.add_column("before", justify="right")
+    table.add_column("during", justify="right")
+    before, during, client = report["before"], report["rollout"], report["client"]
+    table.add_row("wall time (s)", "", str(during["wall_s"]))
+    table.add_row(
+        "migrations in flight, most (per node)",
+        "",
+        f"{during['in_flight_most']} ({during['in_flight_most_per_node']})",
+    )
+    table.add_row(
+        "operator RSS (MB)", str(before["operator_rss_mb"]), str(during["operator_rss_mb_max"])
+    )
+    table.add_row(
+        "operator CPU (%)", str(before["operator_cpu_percent"]), str(during["operator_cpu_percent"])
+    )
+    table.add_row(
+        "API requests/s", str(before["api_requests_per_s"]), str(during["api_requests_per_s"])
+    )
+    table.add_row(
+        "client latency p99 (s)",
+        str(client["latency_before_s"]["p99"]),
+        str(client["latency_during_s"]["p99"]),
+    )
+    table.add_row(
+        "lost / duplicated / reordered",
+        "",
+        f"{client['lost']} / {client['duplicated']} / {client['reordered']}",
+    )
+    Console().print(table)
+    Console().print(f"machine: {_machine(report)}")
+
+
 @bench.command("cluster-scale")
 @click.option(
     "--kubeconfig",

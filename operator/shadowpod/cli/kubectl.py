@@ -1,10 +1,12 @@
 """``kubectl shadowpod`` (installed as ``kubectl-shadowpod``; also ``shadowpod kubectl``):
 status, migrate (``--wait`` shows the phases as they pass), fork, cancel, history (with
-``--gateway``, the journal's: owners, fences, suspends, wakes, resumes, snapshots), logs, diff.
+``--gateway``, the journal's: owners, fences, suspends, wakes, resumes, snapshots), logs, diff,
+and ``rollout status|pause|resume|abort|history`` of an AgentDeployment.
 
-Exit codes: 0 done (a waited migration succeeded; ``diff``: the gate passed), 1 a waited
-migration did not succeed (``diff``: the gate failed), 2 bad usage or something not
-found, 3 the API server could not be reached.
+Exit codes: 0 done (a waited migration succeeded; ``diff``: the gate passed; ``rollout
+status``: the rollout is not halted), 1 a waited migration did not succeed (``diff``:
+the gate failed; ``rollout status``: it halted), 2 bad usage or something not found, 3
+the API server could not be reached.
 """
 
 from __future__ import annotations
@@ -380,6 +382,133 @@ def _print_answers(name: str, verdict: dict[str, Any], kept: Any, *, disagreemen
         console.print(table)
     if kept.cut:
         console.print(f"({kept.cut} answers were cut short to fit in the ConfigMap)")
+
+
+@kubectl.group()
+def rollout() -> None:
+    """An AgentDeployment's rollout: status, pause, resume, abort, history."""
+
+
+@rollout.command("status")
+@click.argument("deployment")
+@click.pass_obj
+def rollout_status(target: Any, deployment: str) -> None:
+    """Where DEPLOYMENT's rollout stands; exit 1 when it halted."""
+    from shadowpod.kube import plugin
+
+    body = _run(target, lambda api, ns: plugin.deployment(api, ns, deployment))
+    st = body.get("status") or {}
+    counts = st.get("sessions") or {}
+    gates = st.get("gateVerdicts") or {}
+    console = Console()
+    target_image = st.get("targetImage") or body["spec"]["template"]["image"]
+    console.print(
+        f"agentdeployment/{deployment}: {st.get('phase') or 'not observed yet'},"
+        f" revision {st.get('revision', 0)}: {st.get('stableImage') or '-'} → {target_image}"
+    )
+    console.print(
+        f"step {st.get('currentStep', 0)} of {max(0, (st.get('steps') or 1) - 1)}:"
+        f" {st.get('stepDescription') or '-'}"
+    )
+    console.print(
+        "sessions: "
+        + ", ".join(
+            f"{counts.get(k, 0)} {k}"
+            for k in (
+                "total",
+                "updated",
+                "pinned",
+                "queued",
+                "migrating",
+                "failed",
+                "unavailable",
+                "suspended",
+            )
+        )
+    )
+    versions = Table("IMAGE", "SESSIONS")
+    for version in st.get("versions", []):
+        versions.add_row(version["image"], str(version["sessions"]))
+    console.print(versions)
+    console.print(f"gates: {gates.get('passed', 0)} passed, {gates.get('rejected', 0)} rejected")
+    for rejection in gates.get("recentRejections", []):
+        console.print(f"  {rejection['session']} ({rejection['judge']}): {rejection['message']}")
+    if eta := st.get("estimatedCompletionTime"):
+        console.print(f"estimated completion: {eta}")
+    conditions = Table("CONDITION", "STATUS", "REASON", "MESSAGE")
+    for condition in st.get("conditions", []):
+        conditions.add_row(
+            condition["type"], condition["status"], condition["reason"], condition["message"]
+        )
+    console.print(conditions)
+    if st.get("message"):
+        console.print(Text(st["message"]))
+    if st.get("phase") == "Halted":
+        sys.exit(NOT_SUCCEEDED)
+
+
+@rollout.command("pause")
+@click.argument("deployment")
+@click.pass_obj
+def rollout_pause(target: Any, deployment: str) -> None:
+    """Start no more migrations (running ones finish): spec.paused."""
+    from shadowpod.kube import plugin
+
+    _run(target, lambda api, ns: plugin.pause(api, ns, deployment))
+    click.echo(f"agentdeployment/{deployment} paused")
+
+
+@rollout.command("resume")
+@click.argument("deployment")
+@click.pass_obj
+def rollout_resume(target: Any, deployment: str) -> None:
+    """Unpause; end a pause step; lift a halt (the step's failure budget starts again)."""
+    from shadowpod.kube import plugin
+
+    count = _run(target, lambda api, ns: plugin.resume(api, ns, deployment))
+    click.echo(f"agentdeployment/{deployment} resumed (resume {count})")
+
+
+@rollout.command("abort")
+@click.argument("deployment")
+@click.pass_obj
+def rollout_abort(target: Any, deployment: str) -> None:
+    """Move the sessions the current rollout upgraded back to the stable image, live."""
+    from shadowpod.kube import plugin
+
+    revision = _run(target, lambda api, ns: plugin.abort(api, ns, deployment))
+    click.echo(f"agentdeployment/{deployment} revision {revision} aborted: sessions move back")
+
+
+@rollout.command("history")
+@click.argument("deployment")
+@click.pass_obj
+def rollout_history(target: Any, deployment: str) -> None:
+    """The migrations DEPLOYMENT's rollouts made, oldest first, by revision."""
+    from shadowpod.kube import plugin
+
+    found = _run(target, lambda api, ns: plugin.rollout_history(api, ns, deployment))
+    table = Table("REVISION", "MIGRATION", "SESSION", "TARGET", "PHASE", "RESULT", "REASON")
+    for body in found:
+        st = body.get("status") or {}
+        failed: dict[str, Any] = next(
+            (
+                c
+                for c in st.get("conditions", [])
+                if c["type"] == "Failed" and c["status"] == "True"
+            ),
+            {},
+        )
+        table.add_row(
+            (body["metadata"].get("labels") or {}).get("shadowpod.dev/rollout-revision", ""),
+            body["metadata"]["name"],
+            body["spec"]["sessionRef"]["name"],
+            body["spec"]["target"].get("image", ""),
+            st.get("phase", Phase.QUEUED.value),
+            st.get("result") or "",
+            failed.get("reason", ""),
+        )
+    Console().print(table)
 
 
 def main() -> None:

@@ -106,6 +106,20 @@ CANNOT_RUN = 1
     help="Seconds between a session's safety-net checks (pod and node events and a"
     " finished migration trigger one at once); each costs one gateway and two API reads.",
 )
+@click.option(
+    "--max-concurrent-migrations",
+    default=10,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Migrations running at once (fleet, drain or by hand); the rest wait, Queued.",
+)
+@click.option(
+    "--max-concurrent-migrations-per-node",
+    default=2,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Of those, running out of one source node (at most --max-concurrent-migrations).",
+)
 @click.option("--log-level", type=click.Choice(LOG_LEVELS, case_sensitive=False), default="info")
 @click.option(
     "--log-format", type=click.Choice(["json", "text"]), default="json", show_default=True
@@ -128,6 +142,8 @@ def operator(
     checkpoint_registry_authfile: Path | None,
     checkpoint_timeout: int,
     reconcile_interval: float,
+    max_concurrent_migrations: int,
+    max_concurrent_migrations_per_node: int,
     log_level: str,
     log_format: str,
 ) -> None:
@@ -150,6 +166,12 @@ def operator(
             f"{control_token_file} holds no control token: put the gateway's token in it",
             BAD_SETTINGS,
         )
+    if max_concurrent_migrations_per_node > max_concurrent_migrations:
+        fail(
+            f"--max-concurrent-migrations-per-node ({max_concurrent_migrations_per_node}) exceeds"
+            f" --max-concurrent-migrations ({max_concurrent_migrations}): lower it",
+            BAD_SETTINGS,
+        )
     config = OperatorConfig(
         gateway_url=gateway_url.rstrip("/"),
         agent_gateway_url=(agent_gateway_url or gateway_url).rstrip("/"),
@@ -162,6 +184,8 @@ def operator(
         checkpoint_registry_insecure=checkpoint_registry_insecure,
         checkpoint_registry_authfile=checkpoint_registry_authfile,
         checkpoint_timeout_s=checkpoint_timeout,
+        max_concurrent_migrations=max_concurrent_migrations,
+        max_concurrent_migrations_per_node=max_concurrent_migrations_per_node,
     )
     try:
         run(

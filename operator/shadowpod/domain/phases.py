@@ -8,6 +8,8 @@ from typing import Final
 
 
 class Phase(StrEnum):
+    # Waiting in the operator's cluster-wide pacing queue; no engine step has run.
+    QUEUED = "Queued"
     PENDING = "Pending"
     PREFLIGHT = "Preflight"
     SNAPSHOTTING = "Snapshotting"

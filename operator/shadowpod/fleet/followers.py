@@ -18,6 +18,10 @@ class FailureKind(StrEnum):
     SCHEMA_INCOMPATIBLE = "SchemaIncompatible"
     TIMED_OUT = "TimedOut"
     MIGRATION_FAILED = "MigrationFailed"
+    # The gate had no live turn to judge (no client traffic in its window): not a
+    # rejection of the version, an analysis that could not conclude (Argo Rollouts'
+    # Inconclusive). It halts at once, counts against no budget, and a resume retries.
+    NO_LIVE_TURNS = "NoLiveTurns"
 
 
 # The migration engine's reasons (engine/failures.py, engine/ports.py) by what they
@@ -32,7 +36,9 @@ _KIND_OF_REASON: Final = {
 }
 
 
-def failure_kind(reason: str | None) -> FailureKind:
+def failure_kind(reason: str | None, verdict: Verdict | None = None) -> FailureKind:
+    if reason == "ValidationFailed" and verdict is not None and verdict.inconclusive:
+        return FailureKind.NO_LIVE_TURNS
     return _KIND_OF_REASON.get(reason or "", FailureKind.MIGRATION_FAILED)
 
 
@@ -49,6 +55,8 @@ class Verdict:
     judge: str
     agreement: float | None = None
     message: str = ""
+    # No live turn was compared (and no golden failed): nothing was judged.
+    inconclusive: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,12 +89,15 @@ class Outcome:
 @dataclass(frozen=True)
 class Follower:
     """A session following the template: the version its owner runs, where, and how its
-    moves went. ``serving``: an owner answers (its Ready condition)."""
+    moves went. ``serving``: an owner answers (its Ready condition). ``suspended``: no
+    owner runs on purpose (``operatingMode: Suspended``): it is neither unavailable nor
+    moved, and starts on the version the rollout says when it resumes."""
 
     name: str
     version: str
     node: str | None = None
     pinned: bool = False
     serving: bool = True
+    suspended: bool = False
     move: Move | None = None
     last: Outcome | None = None

@@ -11,10 +11,10 @@ operator that restarts between deciding and acting just decides again.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from shadowpod.fleet.followers import Follower, MoveState, failure_kind
+from shadowpod.fleet.followers import FailureKind, Follower, MoveState, failure_kind
 from shadowpod.fleet.progress import (
     Progress,
     RolloutPhase,
@@ -35,6 +35,9 @@ class Start:
     target: str
     node: str | None
     revision: int
+    # The session's earlier moves in this revision that did not succeed (a retry after
+    # an inconclusive gate): its migration's name says which attempt it is.
+    attempt: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,13 +93,18 @@ def _begin(
     one: the previous target if that rollout completed, else the previous stable (a bump
     in the middle of a rollout does not make the half-proven version stable). A bump
     back to the stable version in the middle of a rollout is a rollback: it skips the
-    steps (the version was proven), as Argo Rollouts does, and keeps only the pace."""
+    steps (the version was proven), as Argo Rollouts does, and keeps only the pace. So
+    does a first rollout with no session on another version."""
     if state.target == target:
         return state
     step = 0
     if state.target is None:
         others = Counter(f.version for f in followers if f.version != target)
         stable = min(others, key=lambda v: (-others[v], v)) if others else None
+        if stable is None:
+            # A new template whose sessions start on its image: nothing to move from,
+            # so the steps (a canary, a pause) have nothing to guard.
+            step = strategy.final_step
     elif state.completed_at is not None and not state.aborted:
         stable = state.target
     else:
@@ -122,7 +130,7 @@ def _record_outcomes(followers: Sequence[Follower], state: RolloutState) -> Roll
             session=follower.name,
             migration=follower.last.migration,
             step=state.step,
-            kind=failure_kind(follower.last.reason),
+            kind=failure_kind(follower.last.reason, follower.last.verdict),
             message=follower.last.message,
             aborting=follower.last.target != state.target,
         )
@@ -167,6 +175,7 @@ class _Fleet:
     """The followers sorted by what the rollout may do with them."""
 
     total: int
+    all: tuple[Follower, ...]
     movable: tuple[Follower, ...]
     own: tuple[Follower, ...]  # a move of this rollout (any revision) is queued or running
     candidates: tuple[Follower, ...]  # may start a move to ``desired`` now
@@ -175,7 +184,10 @@ class _Fleet:
 
 
 def _sort(followers: Sequence[Follower], desired: str, failed: frozenset[str]) -> _Fleet:
-    movable = tuple(f for f in followers if not f.pinned)
+    # A suspended session has no owner to move: it starts on the rollout's version when
+    # it resumes (``version_for_new_session``), so the rollout neither moves nor waits
+    # for it.
+    movable = tuple(f for f in followers if not f.pinned and not f.suspended)
     own = tuple(f for f in movable if f.move is not None and f.move.revision is not None)
     candidates: list[Follower] = []
     waiting: Counter[str] = Counter()
@@ -191,7 +203,7 @@ def _sort(followers: Sequence[Follower], desired: str, failed: frozenset[str]) -
             waiting["NotServing"] += 1
         else:
             candidates.append(follower)
-    return _Fleet(len(followers), movable, own, tuple(candidates), pool, waiting)
+    return _Fleet(len(followers), tuple(followers), movable, own, tuple(candidates), pool, waiting)
 
 
 def _roll_out(
@@ -203,12 +215,19 @@ def _roll_out(
 ) -> Plan:
     assert state.target is not None
     target = state.target
-    failed = frozenset(f.session for f in state.failures if not f.aborting)
+    # A move the gate could not judge is retried after a resume (once forgiven).
+    failed = frozenset(
+        f.session
+        for f in state.failures
+        if not f.aborting and f.kind is not FailureKind.NO_LIVE_TURNS
+    ) | frozenset(f.session for f in state.inconclusive())
     fleet = _sort(followers, target, failed)
     stale = _stale(fleet.own, state.revision, target)
 
     if state.halted is None and len(state.step_failures()) > strategy.failure_budget:
         state = replace(state, halted=_halt(state, strategy, now))
+    if state.halted is None and state.inconclusive():
+        state = replace(state, halted=_inconclusive(state, strategy, now))
     if state.halted is not None:
         return _plan(
             followers,
@@ -262,6 +281,25 @@ def _roll_out(
         if current or (upgraded < goal and remaining_pool > 0):
             break
         if step is None:
+            unavailable = _unavailable(followers)
+            if state.completed_at is None and unavailable > strategy.pace.max_unavailable:
+                # As a Deployment's: complete once the moved sessions serve again, so
+                # Complete never shows beside Available False (a session just moved
+                # whose new owner is not Ready yet). Once complete it stays so: a later
+                # outage is Available's to say.
+                return _plan(
+                    followers,
+                    strategy,
+                    state,
+                    fleet,
+                    (),
+                    stale,
+                    now,
+                    RolloutPhase.PROGRESSING,
+                    f"every session that may move runs {target}; waiting for {unavailable}"
+                    f" session{'s' if unavailable != 1 else ''} to serve again"
+                    f" (maxUnavailable {strategy.pace.max_unavailable})",
+                )
             if state.completed_at is None:
                 state = replace(state, completed_at=now)
             return _plan(
@@ -278,7 +316,9 @@ def _roll_out(
         state = _advance(state, now)
 
     want = goal - upgraded - len(current)
-    start, waiting = _choose(fleet, strategy, want, state.revision, target)
+    start, waiting = _choose(
+        fleet, strategy, want, state.revision, target, lambda f: state.attempts(f.name)
+    )
     message = (
         f"step {state.step}: {strategy.describe(state.step)}, {upgraded} of {goal} on {target}"
     )
@@ -317,11 +357,32 @@ def _halt(state: RolloutState, strategy: RolloutStrategy, now: float) -> Halt:
     )
 
 
+def _inconclusive(state: RolloutState, strategy: RolloutStrategy, now: float) -> Halt:
+    sessions = sorted({failure.session for failure in state.inconclusive()})
+    shown = ", ".join(sessions[:5]) + ("…" if len(sessions) > 5 else "")
+    return Halt(
+        step=state.step,
+        reason=FailureKind.NO_LIVE_TURNS,
+        message=(
+            f"step {state.step} ({strategy.describe(state.step)}): the upgrade gate saw no"
+            f" live turn to judge on {shown} (no client traffic within its"
+            " spec.migration.validation.timeoutSeconds), so it could not say whether"
+            f" {state.target} is good: inconclusive, not rejected; those sessions stay on"
+            " their version and nothing else moved. Send traffic to the sessions and run"
+            " kubectl shadowpod rollout resume to judge again, or abort"
+        ),
+        at=now,
+    )
+
+
 def _complete_message(fleet: _Fleet, target: str, failed: frozenset[str]) -> str:
     message = f"every session that may move runs {target}"
     if failed:
         message += f", but {len(failed)} failed to move and stay on their version"
-    pinned = len(fleet.movable) < fleet.total
+    pinned = any(f.pinned for f in fleet.all)
+    suspended = sum(1 for f in fleet.all if f.suspended and not f.pinned)
+    if suspended:
+        message += f"; {suspended} suspended start on it when they resume"
     return message + (" (pinned sessions stay where they are)" if pinned else "")
 
 
@@ -405,7 +466,12 @@ def _queued(own: Sequence[Follower]) -> tuple[str, ...]:
 
 
 def _choose(
-    fleet: _Fleet, strategy: RolloutStrategy, want: int, revision: int, desired: str
+    fleet: _Fleet,
+    strategy: RolloutStrategy,
+    want: int,
+    revision: int,
+    desired: str,
+    attempts: Callable[[Follower], int] = lambda _: 0,
 ) -> tuple[tuple[Start, ...], Counter[str]]:
     """Up to ``want`` candidates within the rollout's pace, spread over nodes (the node
     with the fewest of the rollout's moves first), by name within a node."""
@@ -432,7 +498,7 @@ def _choose(
         node = min(open_nodes, key=lambda n: (per_node[n], n or ""))
         follower = by_node[node].pop(0)
         per_node[node] += 1
-        chosen.append(Start(follower.name, desired, follower.node, revision))
+        chosen.append(Start(follower.name, desired, follower.node, revision, attempts(follower)))
     left = len(fleet.candidates) - len(chosen)
     if left > 0:
         waiting["Paced" if want > len(chosen) else "LaterStep"] += left
@@ -474,12 +540,18 @@ def _plan(
             1 for f in in_flight if f.move is not None and f.move.state is MoveState.RUNNING
         ),
         failed=len({f.session for f in state.failures}),
-        unavailable=sum(1 for f in followers if not f.serving),
+        unavailable=_unavailable(followers),
+        suspended=sum(1 for f in followers if f.suspended),
         waiting=tuple(sorted((reason, n) for reason, n in counted.items() if n)),
         gates=gate_verdicts(followers, state.revision),
         estimated_completion=eta,
     )
     return Plan(state=state, start=start, cancel=cancel, progress=progress)
+
+
+def _unavailable(followers: Sequence[Follower]) -> int:
+    """Sessions that should serve and do not (a suspended one is not meant to)."""
+    return sum(1 for f in followers if not f.serving and not f.suspended)
 
 
 def _idle(fleet: _Fleet, phase: RolloutPhase) -> Counter[str]:

@@ -58,6 +58,7 @@ class Progress:
     running: int
     failed: int
     unavailable: int
+    suspended: int = 0  # no owner on purpose: they resume on the rollout's version
     waiting: tuple[tuple[str, int], ...] = ()  # why sessions that must move do not yet
     gates: GateVerdicts = field(default_factory=GateVerdicts)
     estimated_completion: float | None = None
@@ -155,7 +156,9 @@ def conditions(
         (
             "True",
             "SessionsServing",
-            f"{progress.total - progress.unavailable} of {progress.total} sessions serving",
+            f"{progress.total - progress.unavailable - progress.suspended} of"
+            f" {progress.total} sessions serving"
+            + (f", {progress.suspended} suspended" if progress.suspended else ""),
         )
         if progress.unavailable <= max_unavailable
         else (

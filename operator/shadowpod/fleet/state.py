@@ -79,5 +79,19 @@ class RolloutState:
         return tuple(
             failure
             for failure in self.failures[self.forgiven :]
-            if failure.step == self.step and not failure.aborting
+            if failure.step == self.step
+            and not failure.aborting
+            and failure.kind is not FailureKind.NO_LIVE_TURNS
         )
+
+    def inconclusive(self) -> tuple[Failure, ...]:
+        """The moves whose gate had no live turn to judge, not yet retried by a resume."""
+        return tuple(
+            failure
+            for failure in self.failures[self.forgiven :]
+            if failure.kind is FailureKind.NO_LIVE_TURNS and not failure.aborting
+        )
+
+    def attempts(self, session: str) -> int:
+        """The session's moves in this revision that ended without reaching a version."""
+        return sum(1 for failure in self.failures if failure.session == session)

@@ -51,6 +51,7 @@ def namespaced(plural: str, namespace: str, name: str | None = None) -> str:
         "poddisruptionbudgets": "/apis/policy/v1",
         "agentsessions": f"/apis/{GROUP}/{VERSION}",
         "agentmigrations": f"/apis/{GROUP}/{VERSION}",
+        "agentdeployments": f"/apis/{GROUP}/{VERSION}",
     }[plural]
     path = f"{prefix}/namespaces/{namespace}/{plural}"
     return path if name is None else f"{path}/{name}"

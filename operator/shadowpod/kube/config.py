@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from shadowpod.fleet.pacing import DEFAULT_MAX_CONCURRENT, DEFAULT_MAX_PER_NODE, Caps
+from shadowpod.fleet.strategy import MAX_CONCURRENCY
 
 
 class OperatorConfig(BaseModel):
@@ -60,3 +63,25 @@ class OperatorConfig(BaseModel):
         description="The kubelet checkpoint API's timeout (its dump time grows with the"
         " agent's memory).",
     )
+    max_concurrent_migrations: int = Field(
+        default=DEFAULT_MAX_CONCURRENT,
+        ge=1,
+        le=MAX_CONCURRENCY,
+        description="Migrations running at once in everything the operator serves; the"
+        " rest wait in the Queued phase (KubeVirt's parallelMigrationsPerCluster).",
+    )
+    max_concurrent_migrations_per_node: int = Field(
+        default=DEFAULT_MAX_PER_NODE,
+        ge=1,
+        le=MAX_CONCURRENCY,
+        description="Of those, running out of one source node"
+        " (KubeVirt's parallelOutboundMigrationsPerNode).",
+    )
+
+    @model_validator(mode="after")
+    def _caps_fit(self) -> OperatorConfig:
+        self.caps()  # raises StrategyError (a ValueError) saying what to give
+        return self
+
+    def caps(self) -> Caps:
+        return Caps(self.max_concurrent_migrations, self.max_concurrent_migrations_per_node)

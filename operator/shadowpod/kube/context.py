@@ -61,6 +61,11 @@ class OperatorContext:
     # Sessions by phase, for the sessions gauge: (namespace, name) -> phase.
     session_phases: dict[tuple[str, str], str] = field(default_factory=dict)
     unready_owners: set[tuple[str, str]] = field(default_factory=set)
+    # Rollouts by phase, for the rollouts gauge: (namespace, name) -> phase.
+    rollout_phases: dict[tuple[str, str], str] = field(default_factory=dict)
+    # Rollouts with a pass waiting for the one running to end: another ask is folded
+    # into it (it reads the world after that one), not queued behind it.
+    rollout_passes_due: set[tuple[str, str]] = field(default_factory=set)
     # The problem last said (as a Warning event) of each session, "namespace/name".
     problems_said: dict[str, str] = field(default_factory=dict)
     # What each image reported when its pods ran, shared by every session's runtime

@@ -9,8 +9,12 @@ given to ``kopf.operator`` and filled by the startup handler.
   steady one is looked at when an event says so, and by one read of every session's
   position at the gateway per period (``positions``: its idle cost does not grow with
   the sessions); a finalizer cleans up.
-- AgentMigration: a daemon per unfinished migration runs the engine; deleting it
-  cancels it (Kopf stops the daemon, which rolls back before releasing).
+- AgentMigration: a daemon per unfinished migration waits in the cluster-wide pacing
+  queue (``admission``, one loop started at startup), then runs the engine; deleting
+  it cancels it (Kopf stops the daemon, which rolls back before releasing).
+- AgentDeployment: its rollout planned on create, resume, any change (the plugin's
+  resume and abort are annotations), every ``reconcile_interval_s``, and when one of
+  its migrations ends or one of its sessions starts or stops serving (``rollouts``).
 - Node: a cordon is seen at once, and the sessions on it are reconciled.
 - Pod: an owner pod that became ready, stopped being ready or went: its session is
   reconciled at once.
@@ -40,17 +44,20 @@ from pydantic import ValidationError
 
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.domain.errors import ShadowpodError
-from shadowpod.kube import cleanup, migrations, names, positions, sessions, wakes
+from shadowpod.kube import cleanup, migrations, names, positions, rollouts, sessions, wakes
+from shadowpod.kube.admission import AdmissionQueue
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.config import OperatorConfig
 from shadowpod.kube.context import OperatorContext, backoff_key
 from shadowpod.kube.metrics import OperatorMetrics
 from shadowpod.kube.models.v1alpha1 import GROUP, VERSION
+from shadowpod.kube.models.v1alpha1.deployment import DEPLOYMENT_LABEL
 
 logger = logging.getLogger("shadowpod.operator")
 
 SESSIONS: Final = (GROUP, VERSION, "agentsessions")
 MIGRATIONS: Final = (GROUP, VERSION, "agentmigrations")
+DEPLOYMENTS: Final = (GROUP, VERSION, "agentdeployments")
 # A stopped daemon lets go at once (the record is saved before every step); this is
 # only how long Kopf waits before it cancels one that did not.
 CANCELLATION_BACKOFF_S: Final = 10.0
@@ -121,6 +128,9 @@ class OperatorMemo:
     metrics: OperatorMetrics = field(default_factory=OperatorMetrics)
     resources: AsyncExitStack = field(default_factory=AsyncExitStack)
     started: OperatorContext | None = None
+    # The cluster-wide pacing queue, and its loop's task (from startup to cleanup).
+    queue: AdmissionQueue | None = None
+    admitting: asyncio.Task[None] | None = None
     # One long-poll of the gateway's wake feed, for every session.
     wake_listener: asyncio.Task[None] | None = None
     # One read of every session's position per period, for every session.
@@ -158,6 +168,12 @@ def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
         registry=reg,
     )(migration_daemon)
     kopf.on.delete(*MIGRATIONS, registry=reg)(migration_deleted)
+    kopf.on.resume(*DEPLOYMENTS, registry=reg)(deployment_changed)
+    kopf.on.create(*DEPLOYMENTS, registry=reg)(deployment_changed)
+    # Spec, labels and annotations (the plugin's resume and abort are annotations).
+    kopf.on.update(*DEPLOYMENTS, registry=reg)(deployment_changed)
+    kopf.timer(*DEPLOYMENTS, interval=config.reconcile_interval_s, registry=reg)(deployment_timer)
+    kopf.on.delete(*DEPLOYMENTS, optional=True, registry=reg)(deployment_deleted)
     kopf.on.field("", "v1", "nodes", field="spec.unschedulable", registry=reg)(node_cordoned)
     kopf.on.event("", "v1", "pods", labels={names.SESSION_LABEL: kopf.PRESENT}, registry=reg)(
         pod_changed
@@ -181,12 +197,15 @@ async def startup(memo: OperatorMemo, settings: kopf.OperatorSettings, **_: Any)
     )
     memo.started = OperatorContext(KubeApi(api), admin, http, config, memo.metrics)
     memo.metrics.count_requests(lambda: memo.context.api.requests, lambda: admin.requests)
+    memo.metrics.max_concurrent_migrations.set(config.max_concurrent_migrations)
+    memo.queue = AdmissionQueue(memo.started)
+    memo.admitting = asyncio.create_task(memo.queue.run())
     memo.wake_listener = asyncio.create_task(wakes.listen(memo.started), name="wake-listener")
     memo.positions_look = asyncio.create_task(positions.run(memo.started), name="positions")
 
 
 async def shutdown(memo: OperatorMemo, **_: Any) -> None:
-    for task in (memo.wake_listener, memo.positions_look):
+    for task in (memo.admitting, memo.wake_listener, memo.positions_look):
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -195,13 +214,27 @@ async def shutdown(memo: OperatorMemo, **_: Any) -> None:
 
 
 async def session_changed(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
-    await sessions.reconcile_and_patch(memo.context, dict(body))
+    await _session_pass(memo, dict(body))
 
 
 async def session_timer(body: kopf.Body, memo: OperatorMemo, **kwargs: Any) -> None:
     # Kopf passes timers their `stopped` too (TimerFn's type does not declare it).
-    pass_ = sessions.reconcile_and_patch(memo.context, dict(body))
+    pass_ = _session_pass(memo, dict(body))
     await _unless_stopped(pass_, kwargs["stopped"])
+
+
+async def _session_pass(memo: OperatorMemo, raw: dict[str, Any]) -> None:
+    """A session's pass; when its owner started or stopped serving and it follows an
+    AgentDeployment, that rollout's pass too: the rollout completes (or goes on) when
+    its moved sessions serve again, not at its next timer."""
+    status = raw.get("status") or {}
+    was = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions", [])
+    )
+    serving = await sessions.reconcile_and_patch(memo.context, raw)
+    deployment = ((raw.get("spec") or {}).get("deploymentRef") or {}).get("name")
+    if deployment and serving is not None and serving != was:
+        await rollouts.reconcile_named(memo.context, raw["metadata"]["namespace"], deployment)
 
 
 async def session_seen(body: kopf.Body, type: str | None, memo: OperatorMemo, **_: Any) -> None:
@@ -223,16 +256,45 @@ async def migration_daemon(
     raw: dict[str, Any] = dict(body)
     ctx = memo.context
     try:
-        await migrations.run(ctx, raw, stopped)
+        await migrations.run(ctx, raw, stopped, memo.queue)
     except (ShadowpodError, ValidationError) as exc:
         failure = await ctx.reconcile_failed(raw, "AgentMigration", exc)
         raise kopf.TemporaryError(f"{failure.reason}: {exc}", delay=failure.retry_s) from exc
     ctx.backoff.succeeded(backoff_key("AgentMigration", raw))
+    if not stopped:
+        await _migration_ended(raw, memo)
+
+
+async def _migration_ended(raw: dict[str, Any], memo: OperatorMemo) -> None:
+    """A slot is free, and a rollout may take its next step: both looked at now."""
+    if memo.queue is not None:
+        memo.queue.poke()
+    deployment = (raw["metadata"].get("labels") or {}).get(DEPLOYMENT_LABEL)
+    if deployment:
+        await rollouts.reconcile_named(memo.context, raw["metadata"]["namespace"], deployment)
 
 
 async def migration_deleted(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
     """A cancel: rolled back (or finished, past the cutover) before the finalizer goes."""
     await migrations.cancel(memo.context, dict(body))
+    if memo.queue is not None:
+        memo.queue.poke()
+
+
+async def deployment_changed(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    meta = body["metadata"]
+    await rollouts.reconcile_named(memo.context, meta["namespace"], meta["name"])
+
+
+async def deployment_timer(body: kopf.Body, memo: OperatorMemo, **kwargs: Any) -> None:
+    meta = body["metadata"]
+    pass_ = rollouts.reconcile_named(memo.context, meta["namespace"], meta["name"])
+    await _unless_stopped(pass_, kwargs["stopped"])
+
+
+async def deployment_deleted(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    """Its sessions stay as they are, on their versions; its queued moves finish."""
+    rollouts.forget(memo.context, body["metadata"]["namespace"], body["metadata"]["name"])
 
 
 async def node_cordoned(name: str, new: Any, memo: OperatorMemo, **_: Any) -> None:
@@ -257,7 +319,7 @@ async def pod_changed(body: kopf.Body, type: str | None, memo: OperatorMemo, **_
     ready = sessions.pod_ready(dict(body)) and type != "DELETED"
     was_ready = status.get("phase") == "Running"
     if ready != was_ready or status.get("ownerPod") != body["metadata"]["name"]:
-        await sessions.reconcile_and_patch(ctx, session)
+        await _session_pass(memo, session)
 
 
 async def _unless_stopped(work: Coroutine[Any, Any, None], stopped: kopf.DaemonStopped) -> None:

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from shadowpod import __version__
+from shadowpod.fleet.progress import RolloutPhase
 
 # Up to 10 minutes: a migration's phases take milliseconds to minutes.
 DURATION_BUCKETS: Final = (
@@ -166,6 +167,38 @@ class OperatorMetrics:
         # alert can see, not a new series whose first sample is already 1.
         for reason in ("ValidationFailed", "ValidationUnavailable", "PersonaDrift"):
             self.validation_rollbacks.labels(reason=reason)
+        self.migrations_queued = Gauge(
+            "shadowpod_migrations_queued",
+            "Migrations waiting in the cluster-wide pacing queue (phase Queued).",
+            registry=r,
+        )
+        self.migrations_admitted = Gauge(
+            "shadowpod_migrations_running",
+            "Migrations admitted by the pacing queue and not finished: at most"
+            " --max-concurrent-migrations.",
+            registry=r,
+        )
+        self.max_concurrent_migrations = Gauge(
+            "shadowpod_max_concurrent_migrations",
+            "The operator's --max-concurrent-migrations.",
+            registry=r,
+        )
+        self.rollouts = Gauge(
+            "shadowpod_rollouts",
+            "AgentDeployments by their rollout's phase (Progressing, Paused, Halted,"
+            " Aborting, Aborted, Complete).",
+            ["phase"],
+            registry=r,
+        )
+        # Every phase's series exists from the start at 0, for the rollout alerts.
+        for phase in RolloutPhase:
+            self.rollouts.labels(phase=phase.value)
+        self.rollout_migrations = Counter(
+            "shadowpod_rollout_migrations",
+            "Migrations rollouts created, by why: Rollout (forward) or Abort (back).",
+            ["direction"],
+            registry=r,
+        )
         self.build_info = Gauge(
             "shadowpod_build_info",
             "Always 1; the labels say which build runs.",

@@ -1,6 +1,7 @@
 """Running one AgentMigration: the engine, over pods, in the operator's daemon.
 
-- It waits its turn: a session's migrations run one at a time, oldest first.
+- It waits its turn: in the cluster-wide pacing queue (``admission``: ``Queued``
+  until admitted), and a session's migrations run one at a time, oldest first.
 - Its record is made (and saved) before anything acts, with the target pod's name
   chosen once; a restarted operator finds the record and resumes the engine from
   the saved phase (``recoveries`` counts those).
@@ -35,7 +36,15 @@ from shadowpod.engine.record import (
 )
 from shadowpod.engine.record import ValidationPolicy as EngineValidation
 from shadowpod.gates.persona import PersonaPolicy as EnginePersona
-from shadowpod.kube import checkpointers, conditions, names, podcheckpoints, validation
+from shadowpod.kube import (
+    checkpointers,
+    conditions,
+    following,
+    names,
+    podcheckpoints,
+    validation,
+)
+from shadowpod.kube.admission import AdmissionQueue
 from shadowpod.kube.api import namespaced
 from shadowpod.kube.comparisons import ClusterValidator, warm_semantic_judge
 from shadowpod.kube.context import OperatorContext
@@ -49,7 +58,6 @@ from shadowpod.kube.sessions import (
     gateway_id,
     migrations_of,
     reconcile_named,
-    session_model,
     unfinished,
 )
 from shadowpod.kube.strategies import choose
@@ -77,18 +85,23 @@ def engine_policy(
     )
 
 
-async def run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
+async def run(
+    ctx: OperatorContext, body: dict[str, Any], stopped: Any, queue: AdmissionQueue | None = None
+) -> None:
     """Drive the AgentMigration ``body`` to its end (the daemon's whole work), then
-    reconcile its session. Stopped (the operator exiting, the migration deleted), it
-    leaves the record where it is: a restarted operator resumes it, and ``cancel``
-    rolls a deleted one back."""
-    await _run(ctx, body, stopped)
+    reconcile its session. It starts once the pacing ``queue`` admits it (Queued until
+    then). Stopped (the operator exiting, the migration deleted), it leaves the record
+    where it is: a restarted operator resumes it, and ``cancel`` rolls a deleted one
+    back."""
+    await _run(ctx, body, stopped, queue)
     session = ((body.get("spec") or {}).get("sessionRef") or {}).get("name")
     if not stopped and session:
         await reconcile_named(ctx, body["metadata"]["namespace"], session)
 
 
-async def _run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None:
+async def _run(
+    ctx: OperatorContext, body: dict[str, Any], stopped: Any, queue: AdmissionQueue | None
+) -> None:
     meta = body["metadata"]
     # Fresh: after a failed attempt, the record saved since is in the API, not in ``body``.
     body = await ctx.api.get(namespaced("agentmigrations", meta["namespace"], meta["name"])) or body
@@ -114,12 +127,18 @@ async def _run(ctx: OperatorContext, body: dict[str, Any], stopped: Any) -> None
             message = f"AgentSession {session_name!r} does not exist"
             await _refuse(ctx, records, body, "SessionNotFound", message)
         return
-    session = session_model(session_body)
     if records.stored() is None:
+        if queue is not None and not await queue.wait_turn(body, stopped):
+            return
         while not await _my_turn(ctx, namespace, session_name, name):
             if stopped:
                 return
             await asyncio.sleep(TURN_POLL_S)
+        # The session as it is now: the wait may have been long.
+        session_body = await ctx.api.get(namespaced("agentsessions", namespace, session_name))
+        if session_body is None:
+            return
+    session = await following.effective(ctx, session_body)
     async with ctx.lock(f"migration/{namespace}/{name}"):
         record = records.stored()
         if record is None:
@@ -169,7 +188,7 @@ async def cancel(ctx: OperatorContext, body: dict[str, Any]) -> None:
             return
         if session_body is None:  # the session went first: its pods go with it
             return
-        session = session_model(session_body)
+        session = await following.effective(ctx, session_body)
         if record.phase not in COMMITTED_PHASES and record.phase is not Phase.ROLLING_BACK:
             record = record.enter(
                 Phase.ROLLING_BACK,

@@ -1,6 +1,7 @@
 """What ``kubectl shadowpod`` reads and writes, without rendering (``cli.kubectl`` draws
 the tables and the progress bar): sessions, migrations, a new migration, a cancel, the
-answers an upgrade gate compared."""
+answers an upgrade gate compared, and an AgentDeployment's rollout (status, pause,
+resume, abort, history)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ from kubernetes_asyncio import config as kube_config
 from shadowpod.kube import answers, names
 from shadowpod.kube.api import KubeApi, namespaced
 from shadowpod.kube.models.v1alpha1 import API_VERSION
+from shadowpod.kube.models.v1alpha1.deployment import (
+    ABORT_ANNOTATION,
+    DEPLOYMENT_LABEL,
+    RESUME_ANNOTATION,
+)
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,9 @@ async def migrate(
     if node is not None:
         target["nodeName"] = node
     if not target:  # a move: the same image, wherever the scheduler puts it
-        target["image"] = (body.get("status") or {}).get("image") or body["spec"]["image"]
+        target["image"] = (body.get("status") or {}).get("image") or body["spec"].get("image")
+        if not target["image"]:
+            raise LookupError(f"AgentSession {session!r} runs no image yet: give --image")
     manifest = {
         "apiVersion": API_VERSION,
         "kind": "AgentMigration",
@@ -160,3 +168,62 @@ async def validation_answers(
     if found is None:
         raise LookupError(f"AgentMigration {name!r} not found in namespace {namespace!r}")
     return found, await answers.load(api, namespace, name)
+
+
+async def deployment(api: KubeApi, namespace: str, name: str) -> dict[str, Any]:
+    found = await api.get(namespaced("agentdeployments", namespace, name))
+    if found is None:
+        raise LookupError(f"AgentDeployment {name!r} not found in namespace {namespace!r}")
+    return found
+
+
+async def pause(api: KubeApi, namespace: str, name: str, *, paused: bool = True) -> None:
+    """``spec.paused``, as ``kubectl rollout pause`` sets a Deployment's."""
+    await deployment(api, namespace, name)
+    path = namespaced("agentdeployments", namespace, name)
+    await api.patch(path, {"spec": {"paused": paused}})
+
+
+async def resume(api: KubeApi, namespace: str, name: str) -> int:
+    """Unpause, and raise the resume count: the operator ends a pause step or lifts a
+    halt once for each new count. Returns the count asked for."""
+    body = await deployment(api, namespace, name)
+    annotations = body["metadata"].get("annotations") or {}
+    try:
+        count = int(annotations.get(RESUME_ANNOTATION, "0")) + 1
+    except ValueError:
+        count = 1
+    observed = ((body.get("status") or {}).get("observedResumes")) or 0
+    count = max(count, int(observed) + 1)
+    await api.patch(
+        namespaced("agentdeployments", namespace, name),
+        {
+            "metadata": {"annotations": {RESUME_ANNOTATION: str(count)}},
+            "spec": {"paused": False},
+        },
+    )
+    return count
+
+
+async def abort(api: KubeApi, namespace: str, name: str) -> int:
+    """Abort the current revision: its upgraded sessions move back. Returns it."""
+    body = await deployment(api, namespace, name)
+    revision = int((body.get("status") or {}).get("revision") or 0)
+    if revision == 0:
+        raise LookupError(f"AgentDeployment {name!r} has no rollout to abort yet")
+    await api.patch(
+        namespaced("agentdeployments", namespace, name),
+        {"metadata": {"annotations": {ABORT_ANNOTATION: str(revision)}}},
+    )
+    return revision
+
+
+async def rollout_history(api: KubeApi, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The migrations the deployment's rollouts made, oldest first."""
+    await deployment(api, namespace, name)
+    listed = await api.list(
+        namespaced("agentmigrations", namespace), labels={DEPLOYMENT_LABEL: names.label_value(name)}
+    )
+    return sorted(
+        listed, key=lambda m: (m["metadata"].get("creationTimestamp", ""), m["metadata"]["name"])
+    )

@@ -53,7 +53,7 @@ from shadowpod.client.gateway import GatewayError
 from shadowpod.domain.errors import ShadowpodError
 from shadowpod.engine.ports import GatewayUnavailable
 from shadowpod.engine.record import TERMINAL
-from shadowpod.kube import conditions, manifests, names, suspensions, validation
+from shadowpod.kube import conditions, following, manifests, names, suspensions, validation
 from shadowpod.kube.api import AlreadyExists, namespaced
 from shadowpod.kube.comparisons import warm_semantic_judge
 from shadowpod.kube.context import Failure, OperatorContext, backoff_key
@@ -103,9 +103,18 @@ async def gateway_call(ctx: OperatorContext, call: Any) -> Any:
 async def problems(ctx: OperatorContext, session: AgentSession) -> list[Problem]:
     """What in the spec the API server could not check and the operator can."""
     found = []
-    if (problem := image_problem(session.spec.image)) is not None:
-        found.append(Problem("InvalidImage", problem))
     namespace = session.metadata.namespace or "default"
+    if session.spec.image is None:
+        followed = session.spec.deployment_ref.name if session.spec.deployment_ref else ""
+        found.append(
+            Problem(
+                "DeploymentNotFound",
+                f"spec.deploymentRef names AgentDeployment {followed!r}, which"
+                f" does not exist in namespace {namespace!r}: create it, or give spec.image",
+            )
+        )
+    elif (problem := image_problem(session.spec.image)) is not None:
+        found.append(Problem("InvalidImage", problem))
     for credential in session.spec.credentials:
         ref = credential.secret_ref
         secret = await ctx.api.get(namespaced("secrets", namespace, ref.name))
@@ -332,7 +341,7 @@ def _ended(summary: MigrationSummary) -> datetime:
 
 async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     """One pass over the session (see the module's docstring)."""
-    session = session_model(body)
+    session = await following.effective(ctx, body)
     namespace, name = session.metadata.namespace or "default", session.metadata.name or ""
     found = await problems(ctx, session)
     key = f"{namespace}/{name}"
@@ -402,7 +411,9 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
                     degraded=found[0] if found else None,
                     suspension=suspension,
                 )
-        active = await _maybe_migrate(ctx, session, body, pod, migrations, gated=gated)
+        active = await _maybe_migrate(
+            ctx, session, body, pod, migrations, gated=gated or following.rolled_out(body)
+        )
     position = await _position(ctx, gid)
     ready = pod_ready(pod)
     phase = "Migrating" if active is not None else ("Running" if ready else "Pending")
@@ -553,12 +564,13 @@ async def _maybe_migrate(
 ) -> dict[str, Any] | None:
     """An AgentMigration for an image change or a cordoned node, if one is due. An
     image change waits while the session's validation policy is invalid (``gated``):
-    it would run a gate that cannot run; a drain keeps the image and is not gated."""
+    it would run a gate that cannot run; a drain keeps the image and is not gated. A
+    rolled-out session (``following``) is ``gated`` too: its rollouts change its image."""
     name = session.metadata.name or ""
     namespace = session.metadata.namespace or "default"
     generation = int(body["metadata"].get("generation") or 1)
     migration: dict[str, Any] | None = None
-    if container_image(pod) != session.spec.image:
+    if session.spec.image is not None and container_image(pod) != session.spec.image:
         if gated or _moved_by_hand(migrations, container_image(pod), generation):
             return None
         wanted = names.image_migration(name, generation)
@@ -709,18 +721,19 @@ def lock(ctx: OperatorContext, namespace: str, name: str) -> asyncio.Lock:
     return ctx.lock(f"session/{namespace}/{name}")
 
 
-async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> None:
+async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> bool | None:
     """One pass over the session (``body``, the freshest the caller has), and its
-    status written. A pass that fails is said — ``Degraded`` with the reason, a Warning
-    event, ``shadowpod_reconcile_errors_total`` — and backed off: passes skip it until
-    its wait (doubled by each failure) is over or its spec changes (``backoff``)."""
+    status written; whether its owner serves now (None: no pass was made). A pass that
+    fails is said — ``Degraded`` with the reason, a Warning event,
+    ``shadowpod_reconcile_errors_total`` — and backed off: passes skip it until its wait
+    (doubled by each failure) is over or its spec changes (``backoff``)."""
     meta = body["metadata"]
     if meta.get("deletionTimestamp"):
-        return
+        return None
     key = (meta["namespace"], meta["name"])
     failing = backoff_key("AgentSession", body)
     if not ctx.backoff.due(failing, meta.get("generation")):
-        return
+        return None
     async with lock(ctx, *key):
         try:
             seen = await reconcile(ctx, body)
@@ -730,7 +743,7 @@ async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> Non
                 _status_path(*key),
                 status_patch(session_status(body, _as_stored(body, failure, exc))),
             )
-            return
+            return None
         await ctx.api.patch(_status_path(*key), status_patch(session_status(body, seen)))
         ctx.count_session(key, seen.phase, ready=seen.ready)
         if seen.phase == "Pending" and seen.degraded is not None and seen.owner is None:
@@ -742,6 +755,7 @@ async def reconcile_and_patch(ctx: OperatorContext, body: dict[str, Any]) -> Non
             ).inc()
         else:
             ctx.backoff.succeeded(failing)
+        return seen.ready
 
 
 def needs_passes(body: Mapping[str, Any], **_: Any) -> bool:

@@ -232,6 +232,10 @@ class SessionCounts(KubeModel):
     migrating: Count = 0
     failed: Count = Field(default=0, description="Their move rolled back in this rollout.")
     unavailable: Count = Field(default=0, description="Without a serving owner.")
+    suspended: Count = Field(
+        default=0,
+        description="Suspended (operatingMode): not moved; they resume on the rollout's version.",
+    )
 
 
 class GateRejection(KubeModel):
@@ -370,6 +374,7 @@ class AgentDeploymentStatus(KubeModel):
                 migrating=progress.running,
                 failed=progress.failed,
                 unavailable=progress.unavailable,
+                suspended=progress.suspended,
             ),
             gate_verdicts=GateVerdictsStatus(
                 passed=progress.gates.passed,

@@ -263,9 +263,26 @@ class ForkFrom(KubeModel):
 
 class AgentSessionSpec(KubeModel):
     """The session's agent: the container it runs in and how it is moved. Changing
-    image starts a live migration to the new image."""
+    image starts a live migration to the new image. A session that follows an
+    AgentDeployment (deploymentRef) may leave image out: its rollouts give it."""
 
-    image: Image = Field(description="The agent's container image.")
+    model_config = ConfigDict(
+        json_schema_extra=validations(
+            Rule(
+                "has(self.image) || has(self.deploymentRef)",
+                "spec.image is required unless the session follows an AgentDeployment: give"
+                " image, or deploymentRef: {name: ...} to take the template's",
+                field_path=".image",
+            )
+        )
+    )
+
+    image: Image | None = Field(
+        default=None,
+        description="The agent's container image. Optional with deploymentRef: the"
+        " AgentDeployment's rollouts then choose it; set, it overrides the template's and the"
+        " session is not rolled out.",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="As in a pod: Always, IfNotPresent or Never."
     )
