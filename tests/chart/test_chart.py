@@ -264,6 +264,8 @@ def test_everything_on_adds_monitoring_policies_and_budget(everything_on: Render
         "ShadowpodMigrationStuck",
         "ShadowpodMigrationRollbackRateHigh",
         "ShadowpodUpgradeGateUnavailable",
+        "ShadowpodRolloutHalted",
+        "ShadowpodRolloutStalled",
         "ShadowpodSessionWithoutReadyOwner",
         "ShadowpodJournalNamespaceLarge",
         "ShadowpodOperatorAbsent",
