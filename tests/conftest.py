@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -31,6 +32,14 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 StoreFactory = Callable[[], JournalStore]
+
+
+def default_sigint() -> None:
+    """A child's ``preexec_fn``: Ctrl-C as a terminal delivers it. A test run started
+    in the background of a non-interactive shell (``make test &``, some CI runners)
+    ignores SIGINT, and its children would inherit that: a test of what Ctrl-C does
+    would then see the signal ignored, as the shell meant, and fail."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @functools.cache

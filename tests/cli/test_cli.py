@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from shadowpod import __version__
-from tests.conftest import postgres_unavailable
+from tests.conftest import default_sigint, postgres_unavailable
 
 
 def shadowpod(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -263,6 +263,7 @@ def _start_demo(workdir: Path) -> tuple[subprocess.Popen[str], set[int]]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )  # fmt: skip
     deadline = time.monotonic() + 60
     started: set[int] = set()

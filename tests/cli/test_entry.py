@@ -12,6 +12,7 @@ import click
 import pytest
 
 from shadowpod.cli.main import COMMANDS, cli
+from tests.conftest import default_sigint
 
 
 def test_help_imports_none_of_the_commands() -> None:
@@ -66,6 +67,7 @@ def test_ctrl_c_while_a_command_is_loaded_is_no_traceback(tmp_path: Path) -> Non
         env=env,
         timeout=60,
         check=False,
+        preexec_fn=default_sigint,
     )
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip() == "interrupted"
