@@ -218,13 +218,22 @@ async def _post(replicas: Replicas, n: int) -> float:
         await asyncio.sleep(0.05)
 
 
-async def _all_acked(replicas: Replicas, agent_token: str, count: int) -> list[JournalEntry]:
-    """The journal once every one of ``count`` messages is acked (30 s at most)."""
+async def _all_acked(
+    replicas: Replicas,
+    agent_token: str,
+    count: int,
+    serving: asyncio.Task[None] | None = None,
+) -> list[JournalEntry]:
+    """The journal once every one of ``count`` messages is acked (30 s at most). An
+    owner (``serving``) that stopped on an error says which, not only what is unacked."""
     deadline = time.monotonic() + 30
     while True:
         entries = await _journal(replicas, agent_token)
         if len([e for e in entries if e.kind == "ack"]) == count:
             return entries
+        stopped = serving is not None and serving.done() and not serving.cancelled()
+        if stopped and serving is not None and (error := serving.exception()) is not None:
+            raise AssertionError(f"the owner stopped: {error!r}") from error
         assert time.monotonic() < deadline, _summary(entries)
         await asyncio.sleep(0.2)
 
@@ -282,7 +291,7 @@ async def test_requests_through_any_replica_reach_the_sessions_holder_and_the_fe
     try:
         for n in range(count // 2, count):
             await _post(replicas, n)
-        entries = await _all_acked(replicas, agent_token, count)
+        entries = await _all_acked(replicas, agent_token, count, serving)
     finally:
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -314,7 +323,7 @@ async def test_the_holder_killed_under_load_loses_nothing_and_another_takes_over
         replicas.dead.add(victim)
         for n in range(killed_at, count):
             took.append(await _post(replicas, n))
-        entries = await _all_acked(replicas, agent_token, count)
+        entries = await _all_acked(replicas, agent_token, count, serving)
     finally:
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -346,7 +355,7 @@ async def test_a_holder_stopped_with_sigterm_hands_its_session_over_before_it_ex
         assert await replicas.holder() != holder
         for n in range(stopped_at, count):
             await _post(replicas, n)
-        entries = await _all_acked(replicas, agent_token, count)
+        entries = await _all_acked(replicas, agent_token, count, serving)
     finally:
         serving.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -734,7 +743,7 @@ async def test_replicas_added_take_a_fair_share_of_the_leases_losing_and_doublin
                     await asyncio.sleep(0.2)
             spread_s = time.monotonic() - added
             await posting
-            entries = await _all_acked(replicas, agent_token, count)
+            entries = await _all_acked(replicas, agent_token, count, serving)
         finally:
             posting.cancel()
             serving.cancel()
