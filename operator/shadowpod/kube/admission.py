@@ -8,9 +8,11 @@ what the operator serves, under ``--max-concurrent-migrations`` and
 was admitted is its phase in the API, so a restarted operator counts the running ones
 and goes on admitting from where the phases say.
 
-One loop for all of them, woken when a migration asks or ends and every
-``reconcile_interval_s`` in any case; a daemon waiting its turn is woken by the loop
-when it admits it (and looks at its phase now and then in any case).
+One loop for all of them, woken when a migration asks or ends, and every
+``reconcile_interval_s`` while any migration is unfinished; with none, it waits for the
+next ask (a new migration's daemon, a restarted operator's resumed ones) and costs the
+API server nothing while the fleet is idle. A daemon waiting its turn is woken by the
+loop when it admits it (and looks at its phase now and then in any case).
 
 Only the oldest unfinished migration of a session is a candidate: a session's
 migrations run one at a time, and a later one must not hold a slot while it waits.
@@ -51,6 +53,8 @@ class AdmissionQueue:
         self.caps = ctx.config.caps()
         self._wake = asyncio.Event()
         self._admitted: dict[str, asyncio.Event] = {}
+        # Unfinished migrations at the last pass (None: no pass yet, or it failed).
+        self.unfinished: int | None = None
 
     def poke(self) -> None:
         """Something changed (a migration asks, one ended): look again now."""
@@ -63,11 +67,15 @@ class AdmissionQueue:
             try:
                 await self.admit_now()
             except (ShadowpodError, OSError, TimeoutError) as exc:
+                self.unfinished = None
                 logger.warning("the pacing queue could not admit migrations: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wake.wait(), timeout=self.ctx.config.reconcile_interval_s
-                )
+            if self.unfinished == 0:
+                await self._wake.wait()  # nothing to pace until a migration asks
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._wake.wait(), timeout=self.ctx.config.reconcile_interval_s
+                    )
             # Several asks at once (a rollout creates a batch) are looked at together.
             await asyncio.sleep(0.05)
 
@@ -166,6 +174,7 @@ class AdmissionQueue:
             )
             if patched is not None and (event := self._admitted.get(key)) is not None:
                 event.set()
+        self.unfinished = sum(len(pending) for pending in by_session.values())
         in_flight = sum(1 for r in requests if r.running) + len(decision.admit)
         self.ctx.metrics.migrations_queued.set(len(decision.queue))
         self.ctx.metrics.migrations_admitted.set(in_flight)
