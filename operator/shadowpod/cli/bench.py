@@ -34,6 +34,22 @@ from shadowpod.gates.policy import JudgeKind
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_PG = "postgresql://127.0.0.1:5432/test"
 
+# The options every benchmark on a real cluster takes, with `make cluster`'s defaults.
+KUBECONFIG_OPTION = click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("/var/lib/shadowpod-cluster/admin.kubeconfig"),
+    show_default=True,
+    help="The cluster's kubeconfig (by default `make cluster`'s).",
+)
+GATEWAY_HOST_OPTION = click.option(
+    "--gateway-host",
+    default="10.87.0.1",
+    show_default=True,
+    help="Where the gateway listens: an address of this machine the cluster's pods reach "
+    "(`make cluster`'s API server address).",
+)
+
 
 @click.group()
 def bench() -> None:
@@ -755,20 +771,8 @@ def _print_fork(report: dict[str, Any]) -> None:
 
 
 @bench.command("cluster")
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("/var/lib/shadowpod-cluster/admin.kubeconfig"),
-    show_default=True,
-    help="The cluster's kubeconfig (by default `make cluster`'s).",
-)
-@click.option(
-    "--gateway-host",
-    default="10.87.0.1",
-    show_default=True,
-    help="Where the gateway listens: an address of this machine the cluster's pods reach "
-    "(`make cluster`'s API server address).",
-)
+@KUBECONFIG_OPTION
+@GATEWAY_HOST_OPTION
 @click.option("--sessions", default=100, show_default=True, type=click.IntRange(min=1))
 @click.option("--rate", default=10.0, show_default=True, type=click.FloatRange(min=0.1))
 @click.option(
@@ -870,19 +874,8 @@ def _print_cluster(report: dict[str, Any]) -> None:
 
 
 @bench.command("rollout")
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("/var/lib/shadowpod-cluster/admin.kubeconfig"),
-    show_default=True,
-    help="The cluster's kubeconfig (by default `make cluster`'s).",
-)
-@click.option(
-    "--gateway-host",
-    default="10.87.0.1",
-    show_default=True,
-    help="Where the gateway listens: an address of this machine the cluster's pods reach.",
-)
+@KUBECONFIG_OPTION
+@GATEWAY_HOST_OPTION
 @click.option("--sessions", default=1000, show_default=True, type=click.IntRange(min=1))
 @click.option(
     "--probes",
@@ -971,13 +964,7 @@ def _print_rollout(report: dict[str, Any]) -> None:
 
 
 @bench.command("cluster-scale")
-@click.option(
-    "--kubeconfig",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=Path("/var/lib/shadowpod-cluster/admin.kubeconfig"),
-    show_default=True,
-    help="The cluster's kubeconfig (by default `make cluster`'s).",
-)
+@KUBECONFIG_OPTION
 @click.option(
     "--steps",
     default="100,1000,10000",
