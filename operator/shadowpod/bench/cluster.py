@@ -407,12 +407,16 @@ async def taint_nodes(api: KubeApi, *, on: bool) -> list[str]:
     return tainted
 
 
-async def run_cluster_bench(config: ClusterBenchConfig) -> dict[str, Any]:
-    if not config.kubeconfig.is_file():
+def require_kubeconfig(path: Path) -> None:
+    """A benchmark on a real cluster starts only where one answers to ``path``."""
+    if not path.is_file():
         raise FileNotFoundError(
-            f"no kubeconfig at {config.kubeconfig}: start a cluster (`make cluster`) or "
-            "pass --kubeconfig"
+            f"no kubeconfig at {path}: start a cluster (`make cluster`) or pass --kubeconfig"
         )
+
+
+async def run_cluster_bench(config: ClusterBenchConfig) -> dict[str, Any]:
+    require_kubeconfig(config.kubeconfig)
     probe = MachineProbe()
     probe.start()
     config.workdir.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,7 @@ from shadowpod.bench.cluster import (
     percentiles,
     rates,
     remove_namespace,
+    require_kubeconfig,
     save_report,
     seconds_of,
     taint_nodes,
@@ -391,11 +392,7 @@ async def _migrations(
 
 
 async def run_scale_bench(config: ScaleBenchConfig) -> dict[str, Any]:
-    if not config.kubeconfig.is_file():
-        raise FileNotFoundError(
-            f"no kubeconfig at {config.kubeconfig}: start a cluster (`make cluster`) or "
-            "pass --kubeconfig"
-        )
+    require_kubeconfig(config.kubeconfig)
     probe = MachineProbe()
     probe.start()
     config.workdir.mkdir(parents=True, exist_ok=True)

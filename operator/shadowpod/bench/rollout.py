@@ -42,6 +42,7 @@ from shadowpod.bench.cluster import (
     ensure_crds,
     percentiles,
     rates,
+    require_kubeconfig,
 )
 from shadowpod.bench.machine import MachineProbe
 from shadowpod.client.gateway import GatewayClient
@@ -182,11 +183,7 @@ async def _until_phase(
 
 
 async def run_rollout_bench(config: RolloutBenchConfig) -> dict[str, Any]:
-    if not config.kubeconfig.is_file():
-        raise FileNotFoundError(
-            f"no kubeconfig at {config.kubeconfig}: start a cluster (`make cluster`) or "
-            "pass --kubeconfig"
-        )
+    require_kubeconfig(config.kubeconfig)
     probe = MachineProbe()
     probe.start()
     config.workdir.mkdir(parents=True, exist_ok=True)
