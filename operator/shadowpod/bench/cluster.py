@@ -43,7 +43,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -52,7 +52,7 @@ from typing import Any, Final
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from shadowpod.bench.informer import list_all
+from shadowpod.bench.informer import list_all, watch_events
 from shadowpod.bench.machine import MachineProbe
 from shadowpod.kube import names
 from shadowpod.kube.api import KubeApi, KubeError, namespaced
@@ -164,23 +164,10 @@ class Cluster:
         break is counted in ``watch_breaks``."""
         version = ""
         while True:
-            query = [("watch", "1"), ("timeoutSeconds", "300"), ("allowWatchBookmarks", "true")]
-            if version:
-                query.append(("resourceVersion", version))
+            path = namespaced(plural, self.namespace)
             try:
-                response = await self.api.api.call_api(
-                    namespaced(plural, self.namespace),
-                    "GET",
-                    query_params=query,
-                    header_params={"Accept": "application/json"},
-                    _preload_content=False,
-                    _return_http_data_only=True,
-                    _request_timeout=900,
-                    auth_settings=["BearerToken"],
-                )
-                async with contextlib.aclosing(_lines(response)) as lines:
-                    async for line in lines:
-                        event = json.loads(line)
+                async with contextlib.aclosing(watch_events(self.api, path, version)) as events:
+                    async for event in events:
                         body = event.get("object") or {}
                         if event.get("type") == "ERROR":
                             version = ""  # too old: start from now
@@ -194,15 +181,6 @@ class Cluster:
                 key = f"{plural}: {type(exc).__name__}"
                 self.watch_breaks[key] = self.watch_breaks.get(key, 0) + 1
                 await asyncio.sleep(1.0)
-
-
-async def _lines(response: Any) -> AsyncGenerator[bytes]:
-    try:
-        while line := await response.content.readline():
-            if line.strip():
-                yield line
-    finally:
-        response.release()
 
 
 def _session(name: str, image: str) -> dict[str, Any]:

@@ -102,26 +102,8 @@ async def follow(
                 now = time.monotonic()
                 for item in items:
                     on_event("LISTED", item, now)
-            asked = [
-                *(query or {}).items(),
-                ("watch", "1"),
-                ("timeoutSeconds", "300"),
-                ("allowWatchBookmarks", "true"),
-                ("resourceVersion", version),
-            ]
-            response = await api.api.call_api(
-                path,
-                "GET",
-                query_params=asked,
-                header_params={"Accept": "application/json"},
-                _preload_content=False,
-                _return_http_data_only=True,
-                _request_timeout=900,
-                auth_settings=["BearerToken"],
-            )
-            async with contextlib.aclosing(_lines(response)) as lines:
-                async for line in lines:
-                    event = json.loads(line)
+            async with contextlib.aclosing(watch_events(api, path, version, query)) as events:
+                async for event in events:
                     kind = event.get("type")
                     body = event.get("object") or {}
                     if kind == "ERROR":
@@ -139,6 +121,35 @@ async def follow(
             if getattr(exc, "status", None) == 410:
                 version = ""
             await asyncio.sleep(1.0)
+
+
+async def watch_events(
+    api: KubeApi, path: str, version: str, query: Mapping[str, str] | None = None
+) -> AsyncGenerator[dict[str, Any]]:
+    """The events of one watch request on ``path`` from ``version`` (``""``: from
+    now), bookmarks included, until the server ends it (its 300 s timeout)."""
+    asked = [
+        *(query or {}).items(),
+        ("watch", "1"),
+        ("timeoutSeconds", "300"),
+        ("allowWatchBookmarks", "true"),
+    ]
+    if version:
+        asked.append(("resourceVersion", version))
+    response = await api.api.call_api(
+        path,
+        "GET",
+        query_params=asked,
+        header_params={"Accept": "application/json"},
+        _preload_content=False,
+        _return_http_data_only=True,
+        _request_timeout=900,
+        auth_settings=["BearerToken"],
+    )
+    async with contextlib.aclosing(_lines(response)) as lines:
+        async for line in lines:
+            event: dict[str, Any] = json.loads(line)
+            yield event
 
 
 async def _lines(response: Any) -> AsyncGenerator[bytes]:
