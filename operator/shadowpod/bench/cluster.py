@@ -11,10 +11,14 @@ Measured, in a namespace of its own:
   time to its owner Pod's creation (the Pod's ADDED event on a watch) and to the
   session's ``Running`` (the kubelet started the container and the agent took the
   session over); then each one's ``spec.image`` changed at the same rate, and the time
-  to the AgentMigration the operator creates for it. The bump names an image no node
-  has (``bump_image``): the migrations fail at the shadow's image pull instead of
-  starting ``sessions`` shadow agents at once on this machine; the figure is the
-  operator's reaction to the change, which comes before any shadow exists.
+  to the AgentMigration the operator creates for it. By default the bump names an
+  image no node has (``bump_image``): the migrations fail at the shadow's image pull
+  instead of starting ``sessions`` shadow agents on this machine; the figure is the
+  operator's reaction to the change, which comes before any shadow exists. Given an
+  image the nodes have (``shadowpod-refagent:v2``), the sessions move live for real,
+  and the moves' times are measured too (``migration_times``): the engine's start to
+  its end, the change to the end (the wait under the operator's caps included), the
+  Fencing phase.
 - **idle cost**: the API requests a second the operator makes for idle sessions, from
   the API server's own ``apiserver_request_total`` (its ``/metrics``): the requests
   counted over ``window_s`` with the operator running, minus those counted over the
@@ -52,7 +56,7 @@ from typing import Any, Final
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from shadowpod.bench.informer import list_all, watch_events
+from shadowpod.bench.informer import OnEvent, follow, list_all
 from shadowpod.bench.machine import MachineProbe
 from shadowpod.kube import names
 from shadowpod.kube.api import KubeApi, KubeError, namespaced
@@ -155,32 +159,15 @@ class Cluster:
         )
         return request_counts(await response.text())
 
-    async def watch(
-        self, plural: str, on_event: Callable[[str, dict[str, Any], float], None]
-    ) -> None:
-        """Every event of ``plural`` in the namespace, with the monotonic time it came,
-        until cancelled. A watch that ends or breaks (the server's timeout, a dropped
-        connection under load) is taken up again from the last version seen; each
-        break is counted in ``watch_breaks``."""
-        version = ""
-        while True:
-            path = namespaced(plural, self.namespace)
-            try:
-                async with contextlib.aclosing(watch_events(self.api, path, version)) as events:
-                    async for event in events:
-                        body = event.get("object") or {}
-                        if event.get("type") == "ERROR":
-                            version = ""  # too old: start from now
-                            break
-                        version = (body.get("metadata") or {}).get("resourceVersion", version)
-                        if event.get("type") != "BOOKMARK":
-                            on_event(event["type"], body, time.monotonic())
-            # Any failure of one watch request (the client's ApiException for an error
-            # answer too, which this layer may not import) is counted and taken up again.
-            except Exception as exc:  # noqa: BLE001
-                key = f"{plural}: {type(exc).__name__}"
-                self.watch_breaks[key] = self.watch_breaks.get(key, 0) + 1
-                await asyncio.sleep(1.0)
+    async def watch(self, plural: str, on_event: OnEvent) -> None:
+        """Every object of ``plural`` in the namespace then every change, with the
+        monotonic time it came, until cancelled (``follow``: a watch that breaks is taken
+        up where it stopped; one whose version the server no longer keeps lists again,
+        its objects given as ``LISTED``, not as new). Each break is counted in
+        ``watch_breaks``."""
+        await follow(
+            self.api, namespaced(plural, self.namespace), on_event, breaks=self.watch_breaks
+        )
 
 
 def _session(name: str, image: str) -> dict[str, Any]:
@@ -194,7 +181,12 @@ def _session(name: str, image: str) -> dict[str, Any]:
 
 class Timeline:
     """When each session's owner pod, Running status and image migration first
-    appeared (monotonic times), from the watches."""
+    appeared (monotonic times), from the watches.
+
+    Only what a watch delivered as it happened is timed: an object a watch's (re)list
+    found (``LISTED``: at the start, or after a break longer than the server keeps
+    changes) was seen later than it changed, so it is not — the figures taken from the
+    API server's own timestamps still count it."""
 
     def __init__(self) -> None:
         self.owner_pod: dict[str, float] = {}
@@ -208,18 +200,21 @@ class Timeline:
     def on_pod(self, kind: str, body: dict[str, Any], at: float) -> None:
         labels = (body.get("metadata") or {}).get("labels") or {}
         session = labels.get(names.SESSION_LABEL)
-        if kind == "ADDED" and session and labels.get(names.ROLE_LABEL) == names.OWNER_ROLE:
+        if not session or labels.get(names.ROLE_LABEL) != names.OWNER_ROLE:
+            return
+        if kind == "ADDED":
             self.owner_pod.setdefault(session, at)
+        if kind in ("ADDED", "LISTED"):
             created = (body.get("metadata") or {}).get("creationTimestamp")
             if created:
                 self.owner_pod_created.setdefault(session, created)
 
-    def on_session(self, _: str, body: dict[str, Any], at: float) -> None:
-        if (body.get("status") or {}).get("phase") == "Running":
+    def on_session(self, kind: str, body: dict[str, Any], at: float) -> None:
+        if kind in ("ADDED", "MODIFIED") and (body.get("status") or {}).get("phase") == "Running":
             self.running.setdefault(body["metadata"]["name"], at)
 
     def on_migration(self, kind: str, body: dict[str, Any], at: float) -> None:
-        if kind == "ADDED":  # only the watch's: a LISTED one was seen later than made
+        if kind == "ADDED":
             self.migration.setdefault(body["metadata"]["name"], at)
         result = (body.get("status") or {}).get("result")
         if result:
@@ -552,8 +547,10 @@ def seconds_of(timestamp: str) -> float:
 async def _image_change(
     api: KubeApi, timeline: Timeline, config: ClusterBenchConfig
 ) -> dict[str, Any]:
-    """Each Running session's image changed at ``rate`` a second: until its
-    AgentMigration is made; then until the moves end, and back to the image they run."""
+    """Each Running session's image changed to ``bump_image`` at ``rate`` a second:
+    until its AgentMigration is made; then until the moves end. A session whose move
+    did not succeed is put back on the image it runs (so that the idle window after
+    finds it idle); one that moved stays on ``bump_image``."""
     listed = (await list_all(api, namespaced("agentsessions", config.namespace)))[0]
     running = {
         b["metadata"]["name"] for b in listed if (b.get("status") or {}).get("phase") == "Running"
@@ -571,26 +568,23 @@ async def _image_change(
         bumped[name] = time.monotonic()
         bumped_at[name] = time.time()
     migrations = {names.image_migration(n, 2): n for n in names_}
-    # Polled as well as watched (see ``_ready_times``): until every move has ended (the
-    # shadows' image cannot be pulled), before the sessions are idle again.
-    deadline = time.monotonic() + 300.0
-    while time.monotonic() < deadline:
+    # Read from a list as well as watched: until every move has ended, or the timeout.
+    deadline = time.monotonic() + config.timeout_s
+    finished: dict[str, dict[str, Any]] = {}
+    while True:
         for body in (await list_all(api, namespaced("agentmigrations", config.namespace)))[0]:
             timeline.on_migration("LISTED", body, time.monotonic())
-        if migrations.keys() <= timeline.migration_ended.keys():
+            if body["metadata"]["name"] in migrations:
+                finished[body["metadata"]["name"]] = body
+        if migrations.keys() <= timeline.migration_ended.keys() or time.monotonic() > deadline:
             break
         await asyncio.sleep(2.0)
-    # Back to the image they run, so that the idle window after finds them idle (the
-    # failed moves leave them on v1; the change makes the operator settle them, not move).
-    for name in names_:
-        await api.patch(
-            namespaced("agentsessions", config.namespace, name),
-            {"spec": {"image": config.image}},
-        )
-    made = {
-        m["metadata"]["name"]: seconds_of(m["metadata"]["creationTimestamp"])
-        for m in (await list_all(api, namespaced("agentmigrations", config.namespace)))[0]
-    }
+    for migration, name in migrations.items():
+        if timeline.migration_ended.get(migration) != "Succeeded":
+            await api.patch(
+                namespaced("agentsessions", config.namespace, name),
+                {"spec": {"image": config.image}},
+            )
     ended: dict[str, int] = {}
     for m in migrations:
         outcome = timeline.migration_ended.get(m, "unfinished")
@@ -609,7 +603,51 @@ async def _image_change(
         # The same from the AgentMigration's creationTimestamp (whole seconds, so up to
         # 1 s early) against this machine's clock at the change: a check on the watch.
         "image_change_to_migration_by_creation_timestamp_s": percentiles(
-            [made[m] - bumped_at[n] for m, n in migrations.items() if m in made]
+            [
+                seconds_of(finished[m]["metadata"]["creationTimestamp"]) - bumped_at[n]
+                for m, n in migrations.items()
+                if m in finished
+            ]
+        ),
+        **migration_times(
+            {m: finished[m] for m in migrations if m in finished},
+            {m: bumped_at[n] for m, n in migrations.items()},
+        ),
+    }
+
+
+def migration_times(
+    migrations: dict[str, dict[str, Any]], changed_at: dict[str, float]
+) -> dict[str, dict[str, float | int | None]]:
+    """How long the moves that succeeded took, from their AgentMigrations' status (the
+    operator's clock, to the microsecond): the engine's start to its end, the change
+    sent to the end (the wait for admission under the operator's caps included), and
+    the Fencing phase (while it lasts, a client's message waits for the new owner)."""
+    moved = [
+        (name, body["status"])
+        for name, body in migrations.items()
+        if (body.get("status") or {}).get("result") == "Succeeded"
+        and body["status"].get("startTime")
+        and body["status"].get("completionTime")
+    ]
+    return {
+        "migration_s": percentiles(
+            [seconds_of(s["completionTime"]) - seconds_of(s["startTime"]) for _, s in moved]
+        ),
+        "image_change_to_succeeded_s": percentiles(
+            [
+                seconds_of(s["completionTime"]) - changed_at[name]
+                for name, s in moved
+                if name in changed_at
+            ]
+        ),
+        "fencing_ms": percentiles(
+            [
+                float(phase["durationMilliseconds"])
+                for _, s in moved
+                for phase in s.get("phases") or []
+                if phase.get("phase") == "Fencing" and phase.get("durationMilliseconds") is not None
+            ]
         ),
     }
 
