@@ -15,7 +15,7 @@ import pytest
 
 from shadowpod.domain.entries import NewEntry
 from shadowpod.journal import JournalStore
-from shadowpod.journal.followers import TAIL_BATCHES
+from shadowpod.journal.followers import TAIL_BATCHES, WAVE
 from shadowpod.journal.postgres.store import PostgresJournalStore
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 from tests.conftest import PG_DSN, drop_pg_schema
@@ -87,6 +87,46 @@ async def test_a_commit_starts_no_task_per_follower(unpolled: JournalStore) -> N
     assert seen == [COMMITS] * FOLLOWERS
     # The store's own work may start a few tasks per commit; not one per follower.
     assert started < FOLLOWERS, f"{started} tasks for {COMMITS - 1} commits"
+
+
+async def test_other_work_runs_between_the_followers_a_commit_wakes(
+    unpolled: JournalStore,
+) -> None:
+    """A commit used to wake every follower of its session in one turn of the loop:
+    the next request (its answer, the next post) waited for all of them. Now they wake
+    ``WAVE`` at a time, one wave per turn, and whatever else is ready runs between."""
+    store = unpolled
+    await store.create_session("s")
+    await store.append("s", [msg(1)])
+    woken: list[int] = []
+    waiting = 0
+    all_waiting = asyncio.Event()
+
+    async def follower() -> None:
+        nonlocal waiting
+        async with aclosing(store.follow_batches("s", 1)) as batches:
+            waiting += 1
+            if waiting == FOLLOWERS:
+                all_waiting.set()
+            batch = await anext(batches)
+            woken.append(batch[-1].seq)
+
+    followers = [asyncio.create_task(follower()) for _ in range(FOLLOWERS)]
+    await asyncio.wait_for(all_waiting.wait(), 30)
+    for _ in range(5):  # each is now waiting for a commit, not reading its backlog
+        await asyncio.sleep(0)
+    await store.append("s", [msg(2)])
+    # Another request's turns: how many followers had taken the commit at each.
+    seen_at_turns = []
+    while len(woken) < FOLLOWERS:
+        await asyncio.sleep(0)
+        seen_at_turns.append(len(woken))
+    await asyncio.wait_for(asyncio.gather(*followers), 30)
+    assert woken == [2] * FOLLOWERS
+    # Each turn, about one wave more had taken it: that turn's wave, and on PostgreSQL
+    # a few that its NOTIFY of the commit sent to the database and whose read ended.
+    steps = [b - a for a, b in zip([0, *seen_at_turns], seen_at_turns, strict=False)]
+    assert max(steps) < 2 * WAVE, steps
 
 
 async def test_stalled_followers_neither_block_commits_nor_miss_anything(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, Final
 
 import orjson
@@ -15,7 +16,7 @@ from pydantic import BaseModel
 
 from shadowpod.api.models import FieldError
 from shadowpod.domain.bounds import INT64_MAX
-from shadowpod.domain.entries import check_session_id
+from shadowpod.domain.entries import JournalEntry, check_session_id
 from shadowpod.gateway.auth import Authenticator
 from shadowpod.gateway.config import GatewayConfig
 from shadowpod.gateway.errors import ApiError
@@ -26,6 +27,45 @@ from shadowpod.sessions.fence import ExchangeFence
 from shadowpod.sessions.gates import SessionGates
 from shadowpod.sessions.lifecycle import SessionLifecycle
 from shadowpod.sessions.schedules import ScheduleFirer
+
+# How many bytes of encoded events a gateway keeps for its streams to share.
+ENCODED_EVENTS_BYTES: Final = 32 * 1024 * 1024
+
+
+class EncodedEvents:
+    """Recently committed batches as their streams send them, encoded once for every
+    stream of the session (``streams.py``). Keyed by session, seq range and the
+    timestamps at its ends: what a range holds never changes while the session lives,
+    and a session deleted and re-created under its name (here or in another gateway
+    process) has other entries there, written at other times. A deleted session's are
+    forgotten; the oldest go first past ``max_bytes``."""
+
+    def __init__(self, max_bytes: int = ENCODED_EVENTS_BYTES) -> None:
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._events: dict[tuple[str, int, int, datetime, datetime], bytes] = {}
+
+    @staticmethod
+    def _key(
+        session: str, batch: Sequence[JournalEntry]
+    ) -> tuple[str, int, int, datetime, datetime]:
+        return (session, batch[0].seq, batch[-1].seq, batch[0].ts, batch[-1].ts)
+
+    def get(self, session: str, batch: Sequence[JournalEntry]) -> bytes | None:
+        return self._events.get(self._key(session, batch))
+
+    def put(self, session: str, batch: Sequence[JournalEntry], data: bytes) -> None:
+        key = self._key(session, batch)
+        if key in self._events or len(data) > self._max_bytes:
+            return
+        self._events[key] = data
+        self._bytes += len(data)
+        while self._bytes > self._max_bytes:
+            self._bytes -= len(self._events.pop(next(iter(self._events))))
+
+    def forget(self, session: str) -> None:
+        for key in [key for key in self._events if key[0] == session]:
+            self._bytes -= len(self._events.pop(key))
 
 
 @dataclass
@@ -45,6 +85,7 @@ class Gateway:
     owner_channels: dict[str, set[asyncio.Task[Any]]] = field(default_factory=dict)
     # Event streams (SSE) open, per session: bounded per session and in all.
     event_streams: Counter[str] = field(default_factory=Counter)
+    encoded_events: EncodedEvents = field(default_factory=EncodedEvents)
     # Whether this process serves the session now (``placement.py``: it holds the
     # session's lease and trusts it still); one process alone serves every session.
     serves: Callable[[str], bool] = field(default=lambda _session: True)
@@ -54,6 +95,7 @@ class Gateway:
         self.gates.forget(session)
         self.auth.forget(session)
         self.firer.forget(session)
+        self.encoded_events.forget(session)
         for task in self.owner_channels.pop(session, set()):
             task.cancel()
 

@@ -2,6 +2,16 @@
 
 Each event is ``event: entries``, ``id: <last seq>``, ``data: [<entry>, ...]``; a
 client that reconnects with ``Last-Event-ID`` (or ``after``) resumes exactly there.
+
+What a commit costs per stream is kept small, since every stream of a session takes
+every commit on the gateway's one event loop: a batch is encoded once for all the
+session's streams (``EncodedEvents``), and a stream sends what it has to take in one
+write (several commits, when it woke late). A stream that cannot keep up (its client
+reads slower than the session commits, or not at all) is not written to again until
+its socket has drained: it then resumes from its own cursor (the follower's ring, or
+the journal) and gets everything in order, and while it waits it costs a commit
+nothing. One that takes nothing for ``SEND_TIMEOUT_S`` is dropped (its connection
+aborted); its client resumes with ``Last-Event-ID``.
 """
 
 from __future__ import annotations
@@ -16,10 +26,13 @@ from aiohttp import web
 from aiohttp_sse import EventSourceResponse, sse_response
 
 from shadowpod.domain.entries import JournalEntry
-from shadowpod.gateway.context import Gateway, int_query, parse_int, session_of
+from shadowpod.gateway.context import EncodedEvents, Gateway, int_query, parse_int, session_of
 from shadowpod.gateway.errors import ApiError
 
 PING_S = 10.0
+# How long a stream's client may take nothing before the stream is dropped (the same
+# as aiohttp-sse's own send timeout, which its pings keep).
+SEND_TIMEOUT_S = 120.0
 
 EntryFilter = Callable[[JournalEntry], bool]
 
@@ -32,13 +45,11 @@ def resume_point(request: web.Request) -> int:
     return int_query(request, "after", 0)
 
 
-def encode(entries: Sequence[JournalEntry]) -> str:
-    return orjson.dumps([entry.to_json() for entry in entries]).decode()
-
-
-async def send_entries(sse: EventSourceResponse, entries: Sequence[JournalEntry]) -> None:
-    if entries:
-        await sse.send(encode(entries), id=str(entries[-1].seq), event="entries")
+def encode_event(entries: Sequence[JournalEntry]) -> bytes:
+    """One ``entries`` event, as aiohttp-sse's ``send`` would write it (one data line:
+    JSON has no raw line breaks)."""
+    data = orjson.dumps([entry.to_json() for entry in entries])
+    return b"id: %d\r\nevent: entries\r\ndata: %s\r\n\r\n" % (entries[-1].seq, data)
 
 
 @asynccontextmanager
@@ -115,11 +126,46 @@ def too_many_streams(detail: str) -> ApiError:
     )
 
 
+def _events(
+    encoded: EncodedEvents,
+    session: str,
+    run: Sequence[Sequence[JournalEntry]],
+    keep: EntryFilter | None,
+) -> bytes:
+    if keep is not None:  # this stream's own selection: encoded for it alone
+        kept = ([entry for entry in batch if keep(entry)] for batch in run)
+        return b"".join(encode_event(batch) for batch in kept if batch)
+    events = []
+    for batch in run:
+        event = encoded.get(session, batch)
+        if event is None:
+            event = encode_event(batch)
+            encoded.put(session, batch, event)
+        events.append(event)
+    return b"".join(events)
+
+
 async def pump(
+    gateway: Gateway,
+    request: web.Request,
     sse: EventSourceResponse,
-    batches: AsyncIterator[Sequence[JournalEntry]],
+    runs: AsyncIterator[Sequence[Sequence[JournalEntry]]],
     keep: EntryFilter | None = None,
 ) -> None:
-    """Send every batch (filtered by ``keep``) until the client goes away."""
-    async for batch in batches:
-        await send_entries(sse, batch if keep is None else [e for e in batch if keep(e)])
+    """Send every run of batches (filtered by ``keep``) until the client goes away;
+    after each write, wait until the socket takes it before taking more."""
+    session = session_of(request)
+    writer = await sse.prepare(request)  # prepared: its body's writer
+    assert writer is not None
+    async for run in runs:
+        events = _events(gateway.encoded_events, session, run, keep)
+        if not events:
+            continue
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await sse.write(events)
+                await writer.drain()
+        except TimeoutError:
+            if request.transport is not None:
+                request.transport.abort()
+            return

@@ -9,6 +9,11 @@ happened in another process (PostgreSQL ``NOTIFY``, or the poll interval for SQL
 readers), or when something went wrong. A follower that stops reading (a client that
 does not read its socket) holds nothing and is handed nothing: it costs a commit
 nothing.
+
+A commit wakes a session's waiting followers in waves of ``WAVE``, one wave per turn of
+the event loop: whatever else is ready (the next post, its answer) runs between two
+waves instead of after every follower of the session, so how many followers a session
+has delays other requests by at most one wave's work per turn.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from shadowpod.domain.entries import JournalEntry
 TAIL_BATCHES: Final = 256
 # How many entries a follower reads from the database at once when it has to.
 FOLLOW_BATCH: Final = 1000
+# How many waiting followers one turn of the event loop wakes after a commit.
+WAVE: Final = 64
 
 ReadFn = Callable[[int, int], Awaitable[list[JournalEntry]]]
 SessionReadFn = Callable[[str, int, int], Awaitable[list[JournalEntry]]]
@@ -36,16 +43,18 @@ class SessionTail:
 
     Publishing is O(1): the batch joins the ring and at most one notification is
     scheduled (``call_soon``), so the committing call never runs follower code and
-    returns before any follower wakes. Followers wait on one shared future (no task or
-    timer per follower); one timer per session makes them re-read every
-    ``poll_interval`` while they wait, for commits made by other processes.
+    returns before any follower wakes. Followers wait on shared futures, ``WAVE`` to a
+    future (no task or timer per follower), released one per turn of the loop; one
+    timer per session makes them re-read every ``poll_interval`` while they wait, for
+    commits made by other processes.
     """
 
     __slots__ = (
-        "_changed",
+        "_in_wave",
         "_notifying",
         "_poll",
         "_poll_interval",
+        "_waves",
         "batches",
         "followers",
         "rereads",
@@ -57,7 +66,9 @@ class SessionTail:
         self.rereads = 0
         self.followers = 0
         self._poll_interval = poll_interval
-        self._changed: asyncio.Future[None] | None = None
+        # The futures waiting followers wait on, at most WAVE followers each.
+        self._waves: list[asyncio.Future[None]] = []
+        self._in_wave = 0
         self._notifying = False
         self._poll: asyncio.TimerHandle | None = None
 
@@ -94,14 +105,16 @@ class SessionTail:
 
     async def changed(self) -> None:
         """Until the next publish or re-read (or the poll interval, as a re-read)."""
-        if self._changed is None:
+        if not self._waves or self._in_wave >= WAVE:
             loop = asyncio.get_running_loop()
-            self._changed = loop.create_future()
+            self._waves.append(loop.create_future())
+            self._in_wave = 0
             if self._poll is None:
                 self._poll = loop.call_later(self._poll_interval, self._polled)
+        self._in_wave += 1
         # Shielded: a follower cancelled while waiting (its client left) must not
-        # cancel the one future every other follower of the session waits on.
-        await asyncio.shield(self._changed)
+        # cancel the future other followers of the session wait on.
+        await asyncio.shield(self._waves[-1])
 
     def close(self) -> None:
         if self._poll is not None:
@@ -113,19 +126,27 @@ class SessionTail:
         self.reread()
 
     def _announce(self) -> None:
-        if self._changed is None or self._notifying:
+        if not self._waves or self._notifying:
             return
         self._notifying = True
-        self._changed.get_loop().call_soon(self._notify)
+        self._waves[0].get_loop().call_soon(self._notify)
 
     def _notify(self) -> None:
         self._notifying = False
-        changed, self._changed = self._changed, None
+        waves, self._waves, self._in_wave = self._waves, [], 0
         if self._poll is not None:
             self._poll.cancel()
             self._poll = None
-        if changed is not None and not changed.done():
-            changed.set_result(None)
+        _release(waves, 0)
+
+
+def _release(waves: list[asyncio.Future[None]], index: int) -> None:
+    """Wake ``waves[index]``, and the next wave at the loop's next turn."""
+    wave = waves[index]
+    if not wave.done():
+        wave.set_result(None)
+    if index + 1 < len(waves):
+        wave.get_loop().call_soon(_release, waves, index + 1)
 
 
 class FollowerHub:
@@ -163,16 +184,17 @@ class FollowerHub:
             tail.reread()
 
 
-async def follow_journal_batches(
+async def follow_journal_runs(
     hub: FollowerHub,
     session: str,
     after: int,
     read: ReadFn,
     *,
     batch_limit: int,
-) -> AsyncGenerator[Sequence[JournalEntry], None]:
+) -> AsyncGenerator[list[Sequence[JournalEntry]], None]:
     """Yield every entry with seq > ``after`` in order, in the batches they come in,
-    then keep tailing. Batches are never empty."""
+    then keep tailing: each time, every batch there is to take (a run; a follower that
+    woke late takes several commits at once). Neither runs nor batches are empty."""
     cursor = after
     # Subscribe before the first read, so nothing committed in between is missed.
     tail = hub.subscribe(session)
@@ -181,7 +203,7 @@ async def follow_journal_batches(
             rereads = tail.rereads
             backlog = await read(cursor, batch_limit)
             if backlog:
-                yield backlog
+                yield [backlog]
                 cursor = backlog[-1].seq
             if len(backlog) == batch_limit:
                 continue
@@ -192,11 +214,21 @@ async def follow_journal_batches(
                 if not fresh:
                     await tail.changed()
                     continue
-                for batch in fresh:
-                    yield batch
-                    cursor = batch[-1].seq
+                yield fresh
+                cursor = fresh[-1][-1].seq
     finally:
         hub.unsubscribe(session, tail)
+
+
+async def _batch_by_batch(
+    runs: AsyncGenerator[list[Sequence[JournalEntry]], None],
+) -> AsyncGenerator[Sequence[JournalEntry], None]:
+    try:
+        async for run in runs:
+            for batch in run:
+                yield batch
+    finally:
+        await runs.aclose()
 
 
 async def _one_by_one(
@@ -211,21 +243,25 @@ async def _one_by_one(
 
 
 class Followers:
-    """A store's followers: the hub its commits are published to, and the two ways to
-    tail a session (entry by entry, batch by batch) over the store's ``read``."""
+    """A store's followers: the hub its commits are published to, and the ways to
+    tail a session (entry by entry, batch by batch, run by run) over the store's
+    ``read``."""
 
     def __init__(self, read: SessionReadFn, *, poll_interval: float) -> None:
         self.hub = FollowerHub(poll_interval)
         self._read = read
 
-    def batches(self, session: str, after: int) -> AsyncGenerator[Sequence[JournalEntry], None]:
-        return follow_journal_batches(
+    def runs(self, session: str, after: int) -> AsyncGenerator[list[Sequence[JournalEntry]], None]:
+        return follow_journal_runs(
             self.hub,
             session,
             after,
             functools.partial(self._read, session),
             batch_limit=FOLLOW_BATCH,
         )
+
+    def batches(self, session: str, after: int) -> AsyncGenerator[Sequence[JournalEntry], None]:
+        return _batch_by_batch(self.runs(session, after))
 
     def entries(self, session: str, after: int) -> AsyncIterator[JournalEntry]:
         return _one_by_one(self.batches(session, after))

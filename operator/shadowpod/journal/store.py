@@ -220,6 +220,13 @@ class JournalStore(Protocol):
         """``follow``, in the batches entries were committed in (never empty)."""
         ...
 
+    def follow_runs(
+        self, session: str, after: int = 0
+    ) -> AsyncGenerator[list[Sequence[JournalEntry]], None]:
+        """``follow_batches``, every batch there is to take at once (a follower that
+        woke late takes several commits in one run; never empty)."""
+        ...
+
     async def head(self, session: str) -> int: ...
 
     # ownership

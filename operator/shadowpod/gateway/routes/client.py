@@ -110,7 +110,7 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     after = resume_point(request)
     await gw.store.read(session, after, 1)  # 404 or 410 before the stream starts, not inside it
     async with open_stream(gw, request, "client") as sse:
-        await pump(sse, gw.store.follow_batches(session, after), kinds_filter(request))
+        await pump(gw, request, sse, gw.store.follow_runs(session, after), kinds_filter(request))
     return sse
 
 

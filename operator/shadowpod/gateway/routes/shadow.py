@@ -42,5 +42,5 @@ async def stream_journal(request: web.Request) -> web.StreamResponse:
     await gw.store.read(session, after, 1)  # 404 or 410 before the stream starts, not inside it
     gw.metrics.shadow_lag.observe(max(0, await gw.store.head(session) - after))
     async with open_stream(gw, request, "shadow") as sse:
-        await pump(sse, gw.store.follow_batches(session, after))
+        await pump(gw, request, sse, gw.store.follow_runs(session, after))
     return sse

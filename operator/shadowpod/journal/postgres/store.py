@@ -266,6 +266,11 @@ class PostgresJournalStore:
     ) -> AsyncGenerator[Sequence[JournalEntry], None]:
         return self._followers.batches(session, check_seq("after", after))
 
+    def follow_runs(
+        self, session: str, after: int = 0
+    ) -> AsyncGenerator[list[Sequence[JournalEntry]], None]:
+        return self._followers.runs(session, check_seq("after", after))
+
     async def head(self, session: str) -> int:
         async with self._tx() as conn:
             return (await self._ops.get_session(conn, session)).head

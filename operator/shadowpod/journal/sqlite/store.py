@@ -277,6 +277,11 @@ class SQLiteJournalStore:
     ) -> AsyncGenerator[Sequence[JournalEntry], None]:
         return self._followers.batches(session, check_seq("after", after))
 
+    def follow_runs(
+        self, session: str, after: int = 0
+    ) -> AsyncGenerator[list[Sequence[JournalEntry]], None]:
+        return self._followers.runs(session, check_seq("after", after))
+
     async def head(self, session: str) -> int:
         cached = self._recent.head(session)
         if cached is not None:
