@@ -36,6 +36,8 @@ RENEW_S: Final = 10.0
 LEASE_S: Final = 40
 # How often the node reads its agents' readiness (a kubelet's probe period is 1 s).
 READINESS_S: Final = 0.5
+START_ATTEMPTS: Final = 30
+START_RETRY_S: Final = 2.0
 HOLLOW_LABEL: Final = "shadowpod.dev/hollow-node"
 
 
@@ -312,10 +314,19 @@ class HollowNode:
         meta = pod["metadata"]
         namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
         assert self.agents is not None
-        try:
-            agent = await self.agents.start(pod)
-        except Exception as exc:  # noqa: BLE001 - said as a failed start, counted
-            self._failed(f"agent start: {type(exc).__name__}: {exc}")
+        agent = None
+        # Tried again, as a kubelet tries a container whose config it cannot read yet
+        # (the session's Secret not there, the API server too busy to answer).
+        for _ in range(START_ATTEMPTS):
+            try:
+                agent = await self.agents.start(pod)
+                break
+            except Exception as exc:  # noqa: BLE001 - counted, tried again
+                self._failed(f"agent start: {type(exc).__name__}")
+                if self.said.get(uid) == "Removed":
+                    return
+                await asyncio.sleep(START_RETRY_S)
+        if agent is None:
             return
         if self.said.get(uid) == "Removed":  # deleted while its agent started
             await agent.stop(0.0)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import ipaddress
 import logging
 import tempfile
@@ -48,6 +49,7 @@ from shadowpod.kube.api import KubeApi
 # Pod addresses: 127.1.0.1 onwards (127.0.0.x is where tests and gateways listen).
 FIRST_ADDRESS: Final = ipaddress.IPv4Address("127.1.0.1")
 LAST_ADDRESS: Final = ipaddress.IPv4Address("127.254.255.254")
+BIND_ATTEMPTS: Final = 1000
 
 
 def bench_agent(version: int) -> AgentDeclaration:
@@ -157,7 +159,6 @@ class HollowAgents:
             token=data[names.TOKEN_KEY],
             owner_credential=data.get(names.owner_credential_key(meta["name"])),
         )
-        address = self._address()
         # The container's own values (mode, epoch, snapshot, drain grace); its identity
         # and listen address are this place's.
         env = {
@@ -166,15 +167,33 @@ class HollowAgents:
             if "value" in item and item["name"].startswith("SHADOWPOD_")
         }
         env["SHADOWPOD_IDENTITY_DIR"] = directory.name
-        env["SHADOWPOD_LISTEN"] = f"{address}:{names.AGENT_PORT}"
         env.pop("SHADOWPOD_CREDENTIALS_DIR", None)
-        settings = AgentSettings.from_env(env)
-        runtime = AgentRuntime(self.agents[container["image"]], settings)
-        runner = web.AppRunner(make_status_app(runtime), access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, address, names.AGENT_PORT, reuse_address=True).start()
+        address, runtime, runner = await self._serve(container["image"], env)
         main = asyncio.create_task(runtime.run(), name=f"hollow-agent-{meta['name']}")
         return HollowAgent(address, runtime, main, runner, directory)
+
+    async def _serve(
+        self, image: str, env: dict[str, str]
+    ) -> tuple[str, AgentRuntime, web.AppRunner]:
+        """The agent's runtime and status endpoints on the next address free on this
+        machine: another process (another benchmark, a test's kubelet) may listen on
+        some of 127/8 already; those addresses are skipped for good."""
+        for _ in range(BIND_ATTEMPTS):
+            address = self._address()
+            env["SHADOWPOD_LISTEN"] = f"{address}:{names.AGENT_PORT}"
+            runtime = AgentRuntime(self.agents[image], AgentSettings.from_env(env))
+            runner = web.AppRunner(make_status_app(runtime), access_log=None)
+            await runner.setup()
+            try:
+                await web.TCPSite(runner, address, names.AGENT_PORT, reuse_address=True).start()
+            except OSError as exc:
+                await runner.cleanup()
+                if exc.errno != errno.EADDRINUSE:
+                    self.release(address)
+                    raise
+                continue
+            return address, runtime, runner
+        raise RuntimeError(f"no free loopback address in {BIND_ATTEMPTS} tried")
 
 
 def exit_status(pod: Mapping[str, Any], agent: HollowAgent, code: int) -> dict[str, Any]:
