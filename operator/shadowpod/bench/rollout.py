@@ -115,7 +115,13 @@ def _deployment(config: RolloutBenchConfig) -> dict[str, Any]:
         "kind": "AgentDeployment",
         "metadata": {"name": DEPLOYMENT, "namespace": config.namespace},
         "spec": {
-            "template": {"image": config.image},
+            # Requests, so that the scheduler spreads the pods over the hollow nodes
+            # (with none, every node scores the same and most land on one, whose
+            # per-node cap then sets the rollout's pace).
+            "template": {
+                "image": config.image,
+                "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
+            },
             "migration": POLICY,
             # No steps: every session at once, at the caps (the pace is the queue's).
             "strategy": {
@@ -148,9 +154,12 @@ def cpu_seconds(pid: int | None) -> float | None:
 @dataclass
 class Migrations:
     """The namespace's migrations as a watch last showed them, sampled over time: how
-    many were in flight (neither queued nor finished), in all and out of one node."""
+    many were in flight (neither queued nor finished), in all and out of one node —
+    each counted on its session's node, as the pacing queue counts it (a migration's
+    status does not name its source's node)."""
 
     bodies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, str | None] = field(default_factory=dict)  # session -> its node
     samples: list[tuple[float, int, int]] = field(default_factory=list)  # (t, all, most/node)
     most: int = 0
     most_per_node: int = 0
@@ -161,6 +170,13 @@ class Migrations:
         else:
             self.bodies[body["metadata"]["name"]] = body
 
+    def on_session(self, kind: str, body: dict[str, Any], _: float) -> None:
+        name = body["metadata"]["name"]
+        if kind == "DELETED":
+            self.nodes.pop(name, None)
+        else:
+            self.nodes[name] = (body.get("status") or {}).get("nodeName")
+
     def sample(self, at: float) -> None:
         running = [
             m
@@ -168,7 +184,8 @@ class Migrations:
             if (m.get("status") or {}).get("phase") not in (None, "Queued", *FINISHED)
         ]
         nodes = Counter(
-            ((m.get("status") or {}).get("source") or {}).get("nodeName") for m in running
+            self.nodes.get(((m.get("spec") or {}).get("sessionRef") or {}).get("name", ""))
+            for m in running
         )
         per_node = max((n for node, n in nodes.items() if node), default=0)
         self.samples.append((round(at, 1), len(running), per_node))
@@ -207,7 +224,7 @@ async def run_rollout_bench(config: RolloutBenchConfig) -> dict[str, Any]:
     gateway = GatewayProcess(config.workdir / "gateway", host="127.0.0.1")
     await gateway.start()
     migrations = Migrations()
-    watch: asyncio.Task[None] | None = None
+    watches: list[asyncio.Task[None]] = []
     async with await api_client(str(config.kubeconfig)) as client:
         api = KubeApi(client)
         cluster = Cluster(api, config.namespace)
@@ -235,14 +252,14 @@ async def run_rollout_bench(config: RolloutBenchConfig) -> dict[str, Any]:
             async with contextlib.AsyncExitStack() as stack:
                 for node in nodes:
                     await stack.enter_async_context(node)
-                watch = asyncio.create_task(
-                    follow(
-                        api,
-                        namespaced("agentmigrations", config.namespace),
-                        migrations.on_event,
-                        breaks=cluster.watch_breaks,
+                for plural, handler in (
+                    ("agentmigrations", migrations.on_event),
+                    ("agentsessions", migrations.on_session),
+                ):
+                    path = namespaced(plural, config.namespace)
+                    watches.append(
+                        asyncio.create_task(follow(api, path, handler, breaks=cluster.watch_breaks))
                     )
-                )
                 await operator.start()
                 await asyncio.sleep(3.0)
                 await _fleet(api, cluster, operator, gateway, migrations, config, result)
@@ -251,9 +268,9 @@ async def run_rollout_bench(config: RolloutBenchConfig) -> dict[str, Any]:
                     for node in nodes
                 }
         finally:
-            if watch is not None:
-                watch.cancel()
-                await asyncio.gather(watch, return_exceptions=True)
+            for task in watches:
+                task.cancel()
+            await asyncio.gather(*watches, return_exceptions=True)
             await operator.stop()
             with contextlib.suppress(Exception):
                 await taint_nodes(api, on=False)
