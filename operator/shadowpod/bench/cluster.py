@@ -53,6 +53,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
 
+import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -68,6 +69,8 @@ from shadowpod.local.gateway_process import GatewayProcess, free_port
 DEFAULT_KUBECONFIG: Final = Path("/var/lib/shadowpod-cluster/admin.kubeconfig")
 # `make cluster`'s API server address: on this machine's lo, routed to from the pods.
 DEFAULT_HOST: Final = "10.87.0.1"
+# Where `make cluster` keeps its components' pid files.
+CLUSTER_RUN: Final = Path("/var/lib/shadowpod-cluster/run")
 
 
 PARTS: Final = frozenset({"idle", "image-change", "idle-many"})
@@ -138,6 +141,78 @@ def rates(
             group, resource, verb = key
             out[f"{group or 'core'}/{resource} {verb}"] = round(delta / seconds, 4)
     return dict(sorted(out.items(), key=lambda item: -item[1]))
+
+
+def rss_mb(pid: int | None) -> dict[str, float] | None:
+    """A process's resident memory now and at its peak (VmRSS, VmHWM), in MB."""
+    if pid is None:
+        return None
+    found: dict[str, float] = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                found["rss" if key == "VmRSS" else "peak"] = round(int(value.split()[0]) / 1024, 1)
+    return found or None
+
+
+def cluster_pid(component: str) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int((CLUSTER_RUN / f"{component}.pid").read_text().strip())
+    return None
+
+
+def operator_requests(metrics_text: str) -> dict[str, float]:
+    """``shadowpod_operator_requests_total`` by ``to`` (api, gateway)."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "shadowpod_operator_requests_total":
+                found[sample.labels["to"]] = sample.value
+    return found
+
+
+async def scrape_operator(port: int) -> dict[str, float]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"http://127.0.0.1:{port}/metrics", timeout=aiohttp.ClientTimeout(30)) as r,
+    ):
+        return operator_requests(await r.text())
+
+
+@dataclass(frozen=True)
+class RequestCounts:
+    """Request counters at one moment: the API server's by resource (none where it has
+    no /metrics: the emulator) and the operator's own by where they went (api,
+    gateway). Two of them give the rates between."""
+
+    at: float
+    apiserver: dict[tuple[str, str, str], float]
+    operator: dict[str, float]
+
+    @classmethod
+    async def now(cls, cluster: Cluster, metrics_port: int) -> RequestCounts:
+        apiserver = await apiserver_counts(cluster)
+        return cls(time.monotonic(), apiserver, await scrape_operator(metrics_port))
+
+    def seconds_since(self, before: RequestCounts) -> float:
+        return max(self.at - before.at, 1e-9)
+
+    def apiserver_rates(self, before: RequestCounts) -> dict[str, float]:
+        return rates(before.apiserver, self.apiserver, self.seconds_since(before))
+
+    def operator_rate(self, before: RequestCounts, to: str) -> float:
+        delta = self.operator.get(to, 0) - before.operator.get(to, 0)
+        return round(delta / self.seconds_since(before), 4)
+
+
+async def apiserver_counts(cluster: Cluster) -> dict[tuple[str, str, str], float]:
+    """The API server's request counts; none where it has no /metrics (the emulator)."""
+    try:
+        return await cluster.metrics()
+    # The client's ApiException (which this layer may not import) or a dropped connection.
+    except Exception:  # noqa: BLE001
+        return {}
 
 
 class Cluster:
@@ -378,6 +453,31 @@ async def taint_nodes(api: KubeApi, *, on: bool) -> list[str]:
         await api.patch(f"/api/v1/nodes/{node['metadata']['name']}", {"spec": {"taints": taints}})
         tainted.append(node["metadata"]["name"])
     return tainted
+
+
+async def create_paced(
+    api: KubeApi,
+    path: str,
+    bodies: list[dict[str, Any]],
+    rate: float,
+    created: dict[str, float] | None = None,
+) -> None:
+    """``bodies`` created at ``path``, ``rate`` a second (a few requests in flight, so a
+    slow answer does not slow the pace); when each was made, by name, in ``created``."""
+    began = time.monotonic()
+    limit = asyncio.Semaphore(8)
+
+    async def one(body: dict[str, Any]) -> None:
+        async with limit:
+            await api.create(path, body)
+            if created is not None:
+                created[body["metadata"]["name"]] = time.monotonic()
+
+    tasks = []
+    for n, body in enumerate(bodies):
+        await asyncio.sleep(max(0.0, began + n / rate - time.monotonic()))
+        tasks.append(asyncio.create_task(one(body)))
+    await asyncio.gather(*tasks)
 
 
 def require_kubeconfig(path: Path) -> None:

@@ -42,19 +42,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
-
 from shadowpod.bench.cluster import (
     DEFAULT_KUBECONFIG,
     Cluster,
     OperatorProcess,
+    RequestCounts,
+    cluster_pid,
+    create_paced,
     ensure_crds,
     percentiles,
-    rates,
     remove_namespace,
     require_kubeconfig,
+    rss_mb,
     save_report,
+    scrape_operator,
     seconds_of,
     taint_nodes,
 )
@@ -67,7 +68,6 @@ from shadowpod.kube.handlers import api_client
 from shadowpod.kube.models.v1alpha1 import API_VERSION, GROUP
 from shadowpod.local.gateway_process import GatewayProcess
 
-CLUSTER_RUN: Final = Path("/var/lib/shadowpod-cluster/run")
 QUIET_PROBE_S: Final = 15.0
 
 
@@ -156,52 +156,6 @@ class Sessions:
         return counts
 
 
-def rss_mb(pid: int | None) -> dict[str, float] | None:
-    """A process's resident memory now and at its peak (VmRSS, VmHWM), in MB."""
-    if pid is None:
-        return None
-    found: dict[str, float] = {}
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                found["rss" if key == "VmRSS" else "peak"] = round(int(value.split()[0]) / 1024, 1)
-    return found or None
-
-
-def _cluster_pid(component: str) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int((CLUSTER_RUN / f"{component}.pid").read_text().strip())
-    return None
-
-
-def operator_requests(metrics_text: str) -> dict[str, float]:
-    """``shadowpod_operator_requests_total`` by ``to`` (api, gateway)."""
-    found: dict[str, float] = {}
-    for family in text_string_to_metric_families(metrics_text):
-        for sample in family.samples:
-            if sample.name == "shadowpod_operator_requests_total":
-                found[sample.labels["to"]] = sample.value
-    return found
-
-
-async def _scrape(port: int) -> dict[str, float]:
-    async with (
-        aiohttp.ClientSession() as http,
-        http.get(f"http://127.0.0.1:{port}/metrics", timeout=aiohttp.ClientTimeout(30)) as r,
-    ):
-        return operator_requests(await r.text())
-
-
-async def _apiserver(cluster: Cluster) -> dict[tuple[str, str, str], float]:
-    """The API server's request counts; none where it has no /metrics (the emulator)."""
-    try:
-        return await cluster.metrics()
-    # The client's ApiException (which this layer may not import) or a dropped connection.
-    except Exception:  # noqa: BLE001
-        return {}
-
-
 async def _until(what: Any, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while not what():
@@ -214,23 +168,10 @@ async def _until(what: Any, timeout_s: float) -> bool:
 async def _create(
     api: KubeApi, config: ScaleBenchConfig, numbers: range, created: dict[str, float]
 ) -> None:
-    """Sessions ``numbers`` made at ``rate`` a second (a few requests in flight, so a
-    slow answer does not slow the pace)."""
-    began = time.monotonic()
-    limit = asyncio.Semaphore(8)
-
-    async def one(name: str) -> None:
-        async with limit:
-            await api.create(
-                namespaced("agentsessions", config.namespace), _session(name, config.image)
-            )
-            created[name] = time.monotonic()
-
-    tasks = []
-    for n, i in enumerate(numbers):
-        await asyncio.sleep(max(0.0, began + n / config.rate - time.monotonic()))
-        tasks.append(asyncio.create_task(one(session_name(i))))
-    await asyncio.gather(*tasks)
+    """Sessions ``numbers`` made at ``rate`` a second."""
+    bodies = [_session(session_name(i), config.image) for i in numbers]
+    path = namespaced("agentsessions", config.namespace)
+    await create_paced(api, path, bodies, config.rate, created)
 
 
 async def _quiet(operator: OperatorProcess, config: ScaleBenchConfig) -> dict[str, Any]:
@@ -241,9 +182,9 @@ async def _quiet(operator: OperatorProcess, config: ScaleBenchConfig) -> dict[st
     cost that does not stop)."""
     began = time.monotonic()
     while True:
-        before = (await _scrape(operator.metrics_port)).get("api", 0)
+        before = (await scrape_operator(operator.metrics_port)).get("api", 0)
         await asyncio.sleep(QUIET_PROBE_S)
-        after = (await _scrape(operator.metrics_port)).get("api", 0)
+        after = (await scrape_operator(operator.metrics_port)).get("api", 0)
         quiet = after - before < 1
         waited = time.monotonic() - began
         if quiet or waited >= config.quiet_max_s:
@@ -259,21 +200,15 @@ async def _idle(
 ) -> dict[str, Any]:
     """One window with nothing changed by anyone: what the operator asks for."""
     needing_before = state.needing_passes()
-    api_before, ours_before = await _apiserver(cluster), await _scrape(operator.metrics_port)
-    began = time.monotonic()
+    before = await RequestCounts.now(cluster, operator.metrics_port)
     await asyncio.sleep(config.window_s)
-    api_after, ours_after = await _apiserver(cluster), await _scrape(operator.metrics_port)
-    seconds = time.monotonic() - began
-    by_resource = rates(api_before, api_after, seconds)
+    after = await RequestCounts.now(cluster, operator.metrics_port)
+    by_resource = after.apiserver_rates(before)
     pid = None if operator.process is None else operator.process.pid
     return {
-        "window_s": round(seconds, 1),
-        "operator_api_requests_per_s": round(
-            (ours_after.get("api", 0) - ours_before.get("api", 0)) / seconds, 4
-        ),
-        "operator_gateway_requests_per_s": round(
-            (ours_after.get("gateway", 0) - ours_before.get("gateway", 0)) / seconds, 4
-        ),
+        "window_s": round(after.seconds_since(before), 1),
+        "operator_api_requests_per_s": after.operator_rate(before, "api"),
+        "operator_gateway_requests_per_s": after.operator_rate(before, "gateway"),
         "apiserver_requests_per_s_all_clients": round(sum(by_resource.values()), 3),
         "apiserver_shadowpod_group_requests_per_s": round(
             sum(v for k, v in by_resource.items() if k.startswith(f"{GROUP}/")), 4
@@ -286,8 +221,8 @@ async def _idle(
         "rss_mb": {
             "operator": rss_mb(pid),
             "gateway": rss_mb(None if gateway.process is None else gateway.process.pid),
-            "kube-apiserver": rss_mb(_cluster_pid("kube-apiserver")),
-            "etcd": rss_mb(_cluster_pid("etcd")),
+            "kube-apiserver": rss_mb(cluster_pid("kube-apiserver")),
+            "etcd": rss_mb(cluster_pid("etcd")),
         },
         "load_average": os.getloadavg(),
     }
@@ -305,8 +240,7 @@ async def _bump(
     """``bumped`` running sessions not bumped before: image changed → AgentMigration;
     and who asked the API server for what meanwhile (the moves that follow are what
     load it)."""
-    api_before, ours_before = await _apiserver(cluster), await _scrape(operator.metrics_port)
-    bump_began = time.monotonic()
+    before = await RequestCounts.now(cluster, operator.metrics_port)
     chosen = [n for n in sorted(state.running) if n not in done][: config.bumped]
     done.update(chosen)
     sent: dict[str, float] = {}
@@ -345,19 +279,17 @@ async def _bump(
         m: seconds_of(state_body["metadata"]["creationTimestamp"])
         for m, state_body in (await _migrations(api, config, set(wanted))).items()
     }
-    seconds = time.monotonic() - bump_began
-    api_after, ours_after = await _apiserver(cluster), await _scrape(operator.metrics_port)
+    after = await RequestCounts.now(cluster, operator.metrics_port)
     for name in chosen:  # back to the image they run: steady again, no move
         await api.patch(
             namespaced("agentsessions", config.namespace, name), {"spec": {"image": config.image}}
         )
     return {
-        "seconds": round(seconds, 1),
+        "seconds": round(after.seconds_since(before), 1),
         "operator_requests_per_s": {
-            to: round((ours_after.get(to, 0) - ours_before.get(to, 0)) / seconds, 3)
-            for to in ("api", "gateway")
+            to: after.operator_rate(before, to) for to in ("api", "gateway")
         },
-        "apiserver_by_resource": dict(list(rates(api_before, api_after, seconds).items())[:15]),
+        "apiserver_by_resource": dict(list(after.apiserver_rates(before).items())[:15]),
         "sessions": len(state.bodies),
         "bumped": len(chosen),
         "rate_per_s": config.bump_rate,

@@ -10,6 +10,13 @@ and its Lease renewed every 10 s (so the node lifecycle controller keeps it Read
 each pod's status patched once (Running and Ready, or waiting on ``ImagePullBackOff``
 for an image the node does not have, as a real kubelet says of an image no registry
 has), and a pod being deleted removed at once (the kubelet's final delete).
+
+Given ``agents`` (``bench.hollow_agents``), the node runs the agents of the Shadowpod
+pods whose image it knows, in this process, each on a loopback address of its own
+(the pod's IP): the pod is Running once its agent serves, Ready while the agent says
+it is (its readiness probe's answer), terminated with the agent's exit code when the
+agent exits, and on deletion its agent is stopped as a kubelet stops a container —
+asked to stop, killed after the pod's grace period — before the pod is removed.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import contextlib
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from shadowpod.bench.hollow_agents import HollowAgent, HollowAgents, exit_status
 from shadowpod.bench.informer import follow
 from shadowpod.engine.ports import RuntimeUnavailable
 from shadowpod.kube.api import KubeApi, KubeError
@@ -26,6 +34,10 @@ from shadowpod.kube.api import KubeApi, KubeError
 LEASES: Final = "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases"
 RENEW_S: Final = 10.0
 LEASE_S: Final = 40
+# How often the node reads its agents' readiness (a kubelet's probe period is 1 s).
+READINESS_S: Final = 0.5
+START_ATTEMPTS: Final = 30
+START_RETRY_S: Final = 2.0
 HOLLOW_LABEL: Final = "shadowpod.dev/hollow-node"
 
 
@@ -71,16 +83,22 @@ def node_manifest(name: str, pods: int) -> dict[str, Any]:
     }
 
 
-def running_status(pod: dict[str, Any]) -> dict[str, Any]:
-    """What a kubelet writes of a pod whose containers started and are ready (no IP:
-    nothing answers on one)."""
+def running_status(
+    pod: dict[str, Any], *, ip: str | None = None, ready: bool = True
+) -> dict[str, Any]:
+    """What a kubelet writes of a pod whose containers started, ready or not; its IP
+    where something answers on one (a hollow agent)."""
     now = _now()
     conditions = [
         {"type": kind, "status": "True", "lastTransitionTime": now}
-        for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady")
+        for kind in ("PodReadyToStartContainers", "Initialized")
+    ]
+    conditions += [
+        {"type": kind, "status": str(ready), "lastTransitionTime": now}
+        for kind in ("Ready", "ContainersReady")
     ]
     conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": now})
-    return {
+    status: dict[str, Any] = {
         "phase": "Running",
         "startTime": now,
         "conditions": conditions,
@@ -89,7 +107,7 @@ def running_status(pod: dict[str, Any]) -> dict[str, Any]:
                 "name": c["name"],
                 "image": c["image"],
                 "imageID": "",
-                "ready": True,
+                "ready": ready,
                 "started": True,
                 "restartCount": 0,
                 "state": {"running": {"startedAt": now}},
@@ -97,6 +115,10 @@ def running_status(pod: dict[str, Any]) -> dict[str, Any]:
             for c in pod["spec"]["containers"]
         ],
     }
+    if ip is not None:
+        status["podIP"] = ip
+        status["podIPs"] = [{"ip": ip}]
+    return status
 
 
 def unpullable_status(pod: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +159,8 @@ def unpullable_status(pod: dict[str, Any]) -> dict[str, Any]:
 class HollowNode:
     """``async with HollowNode(api, name, images):`` the node registered and kept
     Ready; its pods said running (``images``) or not pullable (any other image).
-    ``schedules``: bind pods no scheduler binds (the emulator has no scheduler)."""
+    ``schedules``: bind pods no scheduler binds (the emulator has no scheduler);
+    ``agents``: run the agents of the Shadowpod pods whose image they know."""
 
     def __init__(
         self,
@@ -148,12 +171,17 @@ class HollowNode:
         pods: int = 20_000,
         schedules: bool = False,
         concurrency: int = 8,
+        agents: HollowAgents | None = None,
     ) -> None:
         self.api = api
         self.name = name
         self.images = images
         self.pods = pods
         self.schedules = schedules
+        self.agents = agents
+        self.running: dict[str, HollowAgent] = {}  # pod uid -> its agent
+        self._ready: dict[str, bool] = {}  # pod uid -> readiness last said
+        self._pods: dict[str, dict[str, Any]] = {}  # pod uid -> the pod, as started
         self.said: dict[str, str] = {}  # pod uid -> "Running" | "ImagePullBackOff"
         self.failures: dict[str, int] = {}
         self.breaks: dict[str, int] = {}
@@ -179,6 +207,10 @@ class HollowNode:
                 name=f"{self.name}-pods",
             ),
         ]
+        if self.agents is not None:
+            self._tasks.append(
+                asyncio.create_task(self._readiness(), name=f"{self.name}-readiness")
+            )
         if self.schedules:
             self._tasks.append(
                 asyncio.create_task(
@@ -198,6 +230,9 @@ class HollowNode:
         for task in [*self._tasks, *self._work]:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._work, return_exceptions=True)
+        for agent in list(self.running.values()):
+            await agent.stop(0.0)
+        self.running.clear()
         with contextlib.suppress(KubeError, RuntimeUnavailable):
             await self.api.delete(f"/api/v1/nodes/{self.name}", grace_s=0)
 
@@ -241,9 +276,16 @@ class HollowNode:
         if meta.get("deletionTimestamp"):
             if self.said.get(meta["uid"]) != "Removed":
                 self.said[meta["uid"]] = "Removed"
-                self._spawn(self._remove(meta["namespace"], meta["name"]))
+                grace = float(pod["spec"].get("terminationGracePeriodSeconds") or 30)
+                self._spawn(self._remove(meta["namespace"], meta["name"], meta["uid"], grace))
             return
         if meta["uid"] in self.said:
+            return
+        if self.agents is not None and self.agents.runs(pod):
+            # Said once, started once: a status that could not be written is not a
+            # reason to start the pod's agent again.
+            self.said[meta["uid"]] = "Running"
+            self._spawn(self._run(pod))
             return
         images = {c["image"] for c in pod["spec"]["containers"]}
         runs = images <= self.images
@@ -263,9 +305,68 @@ class HollowNode:
                 except KubeError as exc:
                     self._failed(f"pod status: {exc.status} {exc.reason}")
                     break
-            self.said.pop(uid, None)  # said again at its next event
+            if uid not in self.running:
+                self.said.pop(uid, None)  # said again at its next event
 
-    async def _remove(self, namespace: str, name: str) -> None:
+    async def _run(self, pod: dict[str, Any]) -> None:
+        """The pod's agent started and said Running (not Ready until it says so); when
+        it exits by itself, the pod said terminated with its exit code."""
+        meta = pod["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        assert self.agents is not None
+        agent = None
+        # Tried again, as a kubelet tries a container whose config it cannot read yet
+        # (the session's Secret not there, the API server too busy to answer).
+        for _ in range(START_ATTEMPTS):
+            try:
+                agent = await self.agents.start(pod)
+                break
+            except Exception as exc:  # noqa: BLE001 - counted, tried again
+                self._failed(f"agent start: {type(exc).__name__}")
+                if self.said.get(uid) == "Removed":
+                    return
+                await asyncio.sleep(START_RETRY_S)
+        if agent is None:
+            return
+        if self.said.get(uid) == "Removed":  # deleted while its agent started
+            await agent.stop(0.0)
+            self.agents.release(agent.address)
+            return
+        self.running[uid], self._pods[uid], self._ready[uid] = agent, pod, False
+        await self._say(namespace, name, uid, running_status(pod, ip=agent.address, ready=False))
+        await asyncio.wait({agent.main})
+        if self.running.pop(uid, None) is None:
+            return  # stopped for the pod's deletion: it goes, nothing more to say
+        self._ready.pop(uid, None)
+        self._pods.pop(uid, None)
+        result = 1 if agent.main.cancelled() or agent.main.exception() else agent.main.result()
+        await agent.close()
+        self.agents.release(agent.address)
+        await self._say(namespace, name, uid, exit_status(pod, agent, result))
+
+    async def _readiness(self) -> None:
+        """Every agent's readiness, as its readiness probe would find it; said on a
+        change."""
+        while True:
+            await asyncio.sleep(READINESS_S)
+            for uid, agent in list(self.running.items()):
+                ready = agent.runtime.ready
+                if self._ready.get(uid) == ready or agent.main.done():
+                    continue
+                self._ready[uid] = ready
+                pod = self._pods[uid]
+                meta = pod["metadata"]
+                status = running_status(pod, ip=agent.address, ready=ready)
+                self._spawn(self._say(meta["namespace"], meta["name"], uid, status))
+
+    async def _remove(self, namespace: str, name: str, uid: str, grace_s: float) -> None:
+        agent = self.running.pop(uid, None)
+        if agent is not None:
+            self._ready.pop(uid, None)
+            self._pods.pop(uid, None)
+            await agent.stop(grace_s)
+            assert self.agents is not None
+            self.agents.release(agent.address)
         async with self._limit:
             try:
                 await self.api.delete(f"/api/v1/namespaces/{namespace}/pods/{name}", grace_s=0)

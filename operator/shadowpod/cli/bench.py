@@ -892,8 +892,14 @@ def _print_cluster(report: dict[str, Any]) -> None:
 
 @bench.command("rollout")
 @KUBECONFIG_OPTION
-@GATEWAY_HOST_OPTION
 @click.option("--sessions", default=1000, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--nodes",
+    default=5,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Hollow nodes the sessions' pods are placed on (their agents run in this process).",
+)
 @click.option(
     "--probes",
     default=5,
@@ -902,7 +908,16 @@ def _print_cluster(report: dict[str, Any]) -> None:
     help="Sessions under client load, whose latency is measured before and during.",
 )
 @click.option("--rate", default=1.0, show_default=True, type=click.FloatRange(min=0.1))
+@click.option("--create-rate", default=20.0, show_default=True, type=click.FloatRange(min=0.1))
 @click.option("--window", "window_s", default=30.0, show_default=True, type=float)
+@click.option(
+    "--up-timeout",
+    "up_timeout_s",
+    default=1800.0,
+    show_default=True,
+    type=float,
+    help="Seconds for every session to be Running before the bump.",
+)
 @click.option("--timeout", "timeout_s", default=1800.0, show_default=True, type=float)
 @click.option(
     "--workdir",
@@ -910,62 +925,72 @@ def _print_cluster(report: dict[str, Any]) -> None:
     default=Path("/tmp/shadowpod-bench-rollout"),
     show_default=True,
 )
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the report here as each part is measured (a stopped run keeps its parts).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def rollout(
     kubeconfig: Path,
-    gateway_host: str,
     sessions: int,
+    nodes: int,
     probes: int,
     rate: float,
+    create_rate: float,
     window_s: float,
+    up_timeout_s: float,
     timeout_s: float,
     workdir: Path,
+    out: Path | None,
     as_json: bool,
 ) -> None:
-    """A fleet upgrade on a real API server: SESSIONS following one AgentDeployment,
-    its image bumped under the default caps; wall time, migrations in flight over
-    time against the caps, operator RSS and CPU, API requests/s, client latency p99
-    during the rollout against before it. Exit 1 if the caps were exceeded or a
+    """A fleet upgrade on a real control plane: SESSIONS following one AgentDeployment,
+    their pods on hollow nodes whose agents run in this process, its image bumped under
+    the default caps; wall time, migrations in flight over time against the caps,
+    operator RSS and CPU, API requests/s, client latency p99 during the rollout against
+    before it. Exit 1 if the rollout did not complete, the caps were exceeded or a
     message was lost, doubled or reordered."""
     from shadowpod.bench.rollout import RolloutBenchConfig, run_rollout_bench
 
     config = RolloutBenchConfig(
         kubeconfig=kubeconfig,
-        gateway_host=gateway_host,
         sessions=sessions,
+        nodes=nodes,
         probes=probes,
         rate=rate,
+        create_rate=create_rate,
         window_s=window_s,
+        up_timeout_s=up_timeout_s,
         timeout_s=timeout_s,
         workdir=workdir,
+        out=out,
     )
     _run_and_report("rollout", run_rollout_bench(config), _print_rollout, as_json, True)
 
 
 def _print_rollout(report: dict[str, Any]) -> None:
-    if "error" in report:
-        Console().print(f"error: {report['error']}")
+    if "rollout" not in report:
+        Console().print(f"no rollout measured: {report.get('fleet')}")
         return
     table = Table(title=f"fleet rollout of {report['config']['sessions']} sessions")
     table.add_column("figure")
     table.add_column("before", justify="right")
     table.add_column("during", justify="right")
     before, during, client = report["before"], report["rollout"], report["client"]
-    table.add_row("wall time (s)", "", str(during["wall_s"]))
+    table.add_row("wall time (s)", "", f"{during['wall_s']} ({during['phase']})")
     table.add_row(
         "migrations in flight, most (per node)",
         "",
         f"{during['in_flight_most']} ({during['in_flight_most_per_node']})",
     )
-    table.add_row(
-        "operator RSS (MB)", str(before["operator_rss_mb"]), str(during["operator_rss_mb_max"])
-    )
-    table.add_row(
-        "operator CPU (%)", str(before["operator_cpu_percent"]), str(during["operator_cpu_percent"])
-    )
-    table.add_row(
-        "API requests/s", str(before["api_requests_per_s"]), str(during["api_requests_per_s"])
-    )
+    for label, key in (
+        ("operator RSS (MB)", "operator_rss_mb"),
+        ("operator CPU (%)", "operator_cpu_percent"),
+        ("operator API requests/s", "operator_api_requests_per_s"),
+        ("API server requests/s (all clients)", "apiserver_requests_per_s_all_clients"),
+    ):
+        table.add_row(label, str(before[key]), str(during[key]))
     table.add_row(
         "client latency p99 (s)",
         str(client["latency_before_s"]["p99"]),
