@@ -29,6 +29,7 @@ from shadowpod.kube.backoff import FailureBackoff
 from shadowpod.kube.config import OperatorConfig
 from shadowpod.kube.metrics import OperatorMetrics
 from shadowpod.kube.models.v1alpha1 import SessionPhase
+from shadowpod.kube.watchedpods import WatchedPods
 
 logger = logging.getLogger("shadowpod.operator")
 
@@ -74,6 +75,8 @@ class OperatorContext:
     # Each AgentSession's status as the watch last delivered it, (namespace, name) ->
     # status: the operator's periodic look compares it with the gateway (``positions``).
     watched_sessions: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    # The sessions' pods as the pod watch last showed them (a pass reads its owner here).
+    watched_pods: WatchedPods = field(default_factory=WatchedPods)
     _locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     # When each object whose reconcile failed may be tried again.
     backoff: FailureBackoff = field(init=False)

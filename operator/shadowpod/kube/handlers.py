@@ -17,7 +17,10 @@ given to ``kopf.operator`` and filled by the startup handler.
   its migrations ends or one of its sessions starts or stops serving (``rollouts``).
 - Node: a cordon is seen at once, and the sessions on it are reconciled.
 - Pod: an owner pod that became ready, stopped being ready or went: its session is
-  reconciled at once.
+  reconciled at once. Every session pod is kept as the watch shows it
+  (``watchedpods``): a pass reads its owner there, not with a GET.
+- An image change: its AgentMigration made at once (``sessions.migrate_on_image_change``,
+  two requests), before the spec change's pass.
 
 Errors never crash-loop: a session pass that fails sets ``Degraded`` with the reason,
 posts a Warning event, counts in ``shadowpod_reconcile_errors_total``, and is tried
@@ -152,6 +155,9 @@ def registry(config: OperatorConfig) -> kopf.OperatorRegistry:
     kopf.on.cleanup(registry=reg)(shutdown)
     kopf.on.resume(*SESSIONS, registry=reg)(session_changed)
     kopf.on.create(*SESSIONS, registry=reg)(session_changed)
+    # Before the spec's pass (Kopf runs an object's handlers one at a time, in this
+    # order): an image change's AgentMigration is made first, and quickly.
+    kopf.on.field(*SESSIONS, field="spec.image", registry=reg)(image_changed)
     kopf.on.update(*SESSIONS, field="spec", registry=reg)(session_changed)
     kopf.timer(
         *SESSIONS,
@@ -215,6 +221,10 @@ async def shutdown(memo: OperatorMemo, **_: Any) -> None:
 
 async def session_changed(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
     await _session_pass(memo, dict(body))
+
+
+async def image_changed(body: kopf.Body, memo: OperatorMemo, **_: Any) -> None:
+    await sessions.migrate_on_image_change(memo.context, dict(body))
 
 
 async def session_timer(body: kopf.Body, memo: OperatorMemo, **kwargs: Any) -> None:
@@ -307,11 +317,12 @@ async def node_cordoned(name: str, new: Any, memo: OperatorMemo, **_: Any) -> No
 async def pod_changed(body: kopf.Body, type: str | None, memo: OperatorMemo, **_: Any) -> None:
     """An owner pod that became ready, stopped being ready or went: its session is
     looked at now, not at its next timer."""
+    ctx = memo.context
+    ctx.watched_pods.seen(body, gone=type == "DELETED")  # type None: listed at start
     labels = body.get("metadata", {}).get("labels", {})
     if labels.get(names.ROLE_LABEL) != names.OWNER_ROLE or type is None:
         return
     namespace = body["metadata"]["namespace"]
-    ctx = memo.context
     session = await ctx.api.get(namespaced("agentsessions", namespace, labels[names.SESSION_LABEL]))
     if session is None:
         return

@@ -285,6 +285,18 @@ def pod_ready(pod: dict[str, Any] | None) -> bool:
     )
 
 
+async def owner_pod(
+    ctx: OperatorContext, namespace: str, name: str | None
+) -> dict[str, Any] | None:
+    """The pod ``name`` as the pod watch last showed it (``watchedpods``), or read when
+    the watch has not shown it yet (just made, or the operator just started)."""
+    if name is None:
+        return None
+    return ctx.watched_pods.get(namespace, name) or await ctx.api.get(
+        namespaced("pods", namespace, name)
+    )
+
+
 def pod_dead(pod: dict[str, Any]) -> bool:
     status = pod.get("status") or {}
     return status.get("phase") in ("Failed", "Succeeded") or bool(
@@ -385,7 +397,7 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     if active is None and suspensions.is_suspended(ownership):
         return await _suspended(ctx, body, session, ownership, last, found)
     recorded_owner = (body.get("status") or {}).get("ownerPod")
-    pod = await ctx.api.get(namespaced("pods", namespace, ownership.owner))
+    pod = await owner_pod(ctx, namespace, ownership.owner)
     # A validation policy that cannot run holds image changes back, not the session.
     gated = any(p.reason == validation.InvalidValidationPolicy.reason for p in found)
     blocking = [p for p in found if p.reason != validation.InvalidValidationPolicy.reason]
@@ -470,7 +482,7 @@ async def _suspended(
             degraded=degraded,
             suspension=stored,
         )
-    pod = await ctx.api.get(namespaced("pods", namespace, ownership.owner))
+    pod = await owner_pod(ctx, namespace, ownership.owner)
     if pod is not None and pod_dead(pod):
         # The next owner died before it served: a new one at a new epoch (delivery
         # opens with it), as for any owner that died.
@@ -553,6 +565,28 @@ async def _replace_owner(
     return new, await _create_owner(ctx, session, instance, new.epoch)
 
 
+def _image_migration(
+    session: AgentSession,
+    body: dict[str, Any],
+    pod: dict[str, Any],
+    migrations: list[dict[str, Any]],
+) -> dict[str, Any] | None:
+    """The AgentMigration an image change asks for, if one is due: the owner ``pod``
+    runs another image than ``spec.image``, the user did not put it there by hand at
+    this generation, and this change was not tried already."""
+    if session.spec.image is None or container_image(pod) == session.spec.image:
+        return None
+    generation = int(body["metadata"].get("generation") or 1)
+    if _moved_by_hand(migrations, container_image(pod), generation):
+        return None
+    wanted = names.image_migration(session.metadata.name or "", generation)
+    if any(m["metadata"]["name"] == wanted for m in migrations):
+        return None  # this change was tried (and failed): wait for the next one
+    return manifests.agent_migration(
+        session, name=wanted, reason="ImageChange", image=session.spec.image
+    )
+
+
 async def _maybe_migrate(
     ctx: OperatorContext,
     session: AgentSession,
@@ -567,18 +601,11 @@ async def _maybe_migrate(
     it would run a gate that cannot run; a drain keeps the image and is not gated. A
     rolled-out session (``following``) is ``gated`` too: its rollouts change its image."""
     name = session.metadata.name or ""
-    namespace = session.metadata.namespace or "default"
-    generation = int(body["metadata"].get("generation") or 1)
     migration: dict[str, Any] | None = None
     if session.spec.image is not None and container_image(pod) != session.spec.image:
-        if gated or _moved_by_hand(migrations, container_image(pod), generation):
+        if gated:
             return None
-        wanted = names.image_migration(name, generation)
-        if any(m["metadata"]["name"] == wanted for m in migrations):
-            return None  # this change was tried (and failed): wait for the next one
-        migration = manifests.agent_migration(
-            session, name=wanted, reason="ImageChange", image=session.spec.image
-        )
+        migration = _image_migration(session, body, pod, migrations)
     elif session.spec.migration.eviction_strategy is EvictionStrategy.LIVE_MIGRATE:
         node = pod["spec"].get("nodeName")
         if node and await _cordoned(ctx, node):
@@ -591,6 +618,14 @@ async def _maybe_migrate(
             )
     if migration is None:
         return None
+    return await _create_migration(ctx, body, migration)
+
+
+async def _create_migration(
+    ctx: OperatorContext, body: dict[str, Any], migration: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``migration`` made (None: it exists already), and said on the session."""
+    namespace = body["metadata"]["namespace"]
     try:
         created = await ctx.api.create(namespaced("agentmigrations", namespace), migration)
     except AlreadyExists:
@@ -603,6 +638,49 @@ async def _maybe_migrate(
         f"{reason}: AgentMigration {migration['metadata']['name']}",
     )
     return created
+
+
+async def migrate_on_image_change(ctx: OperatorContext, body: dict[str, Any]) -> str | None:
+    """The quick path of an image change (``handlers.image_changed``, before the pass
+    the spec change also gets): the AgentMigration made from what the watches show — the
+    owner the status names, its pod from the pod watch — and the session's migrations
+    listed; two requests, where a pass makes a dozen before it. Under load the moves
+    already running take the operator's time: a bump's move no longer waits behind a
+    whole pass. Only the plain case is taken (a steady session with its own image, no
+    validation gate to check, no rollout choosing its image); anything else, and
+    whatever this path finds not so, is the pass's, which follows. The name of the
+    migration made, if one was."""
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    meta = body["metadata"]
+    if (
+        meta.get("deletionTimestamp")
+        or not spec.get("image")
+        or spec.get("deploymentRef")
+        or (spec.get("migration") or {}).get("validation")
+        or status.get("phase") != "Running"
+        or status.get("activeMigration")
+        or not status.get("ownerPod")
+        or image_problem(spec["image"]) is not None
+    ):
+        return None
+    namespace, name = meta["namespace"], meta["name"]
+    # Not under the session's lock: a pass of this session in flight (its pod became
+    # ready, say) may wait minutes on a slow gateway. What this path writes is the
+    # migration the pass would make, by the same name: made once whoever comes first.
+    pod = await owner_pod(ctx, namespace, status["ownerPod"])
+    if pod is None or pod_dead(pod) or not pod_ready(pod):
+        return None
+    if container_image(pod) == spec["image"]:
+        return None
+    session = session_model(body)
+    migrations = await migrations_of(ctx, namespace, name)
+    if any(unfinished(m) for m in migrations):
+        return None
+    migration = _image_migration(session, body, pod, migrations)
+    if migration is None or await _create_migration(ctx, body, migration) is None:
+        return None
+    return str(migration["metadata"]["name"])
 
 
 def _moved_by_hand(migrations: list[dict[str, Any]], image: str, generation: int) -> bool:
