@@ -56,11 +56,22 @@ def encode_payload(payload: Mapping[str, Any]) -> bytes:
 def stored_payload(payload: Mapping[str, Any]) -> bytes:
     """An entry's payload as its row stores it: its JSON, compressed when it is large
     and that makes it smaller (``PAYLOAD_COMPRESSED_FROM``); ``payload_json`` reads it
-    back. Compressed on the writer's thread: zlib releases the GIL while it works."""
+    back. Compressed where the row is written (for SQLite, in the writer's batch on the
+    event loop): ~20 µs for a 3.7 KB state entry; a request's largest body (1 MiB by
+    default) a few milliseconds, as parsing it costs already."""
     text = orjson.dumps(payload)
     if len(text) < PAYLOAD_COMPRESSED_FROM:
         return text
-    packed = COMPRESSED_PAYLOAD_MARK + zlib.compress(text, SNAPSHOT_COMPRESSION_LEVEL)
+    # A window as large as the payload (up to zlib's 32 KiB) and a 64 KiB hash at most,
+    # not zlib's default buffers: allocated and cleared for every call, they made a 3.7
+    # KB state entry take ~450 µs (median, the loaded 2-core machine) against ~20 µs,
+    # and a 19 KB one ~680 against ~115 µs, for the same bytes out (``zlib.decompress``
+    # reads any window).
+    window = min(15, max(9, (len(text) - 1).bit_length()))
+    deflate = zlib.compressobj(
+        SNAPSHOT_COMPRESSION_LEVEL, zlib.DEFLATED, window, min(6, window - 6)
+    )
+    packed = COMPRESSED_PAYLOAD_MARK + deflate.compress(text) + deflate.flush()
     return packed if len(packed) < len(text) else text
 
 
