@@ -335,3 +335,47 @@ async def test_an_entry_of_a_known_kind_without_payload_is_400(
     assert answer.status == 400, answer.text
     assert answer.json["errors"][0]["loc"].startswith("entries.0.payload")
     assert (await client.status(owned.name)).head == 1
+
+
+async def test_large_entries_come_back_as_they_were_sent_from_a_restarted_gateway(
+    start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    # The journal stores large payloads compressed; what the API answers is unchanged,
+    # whether the gateway has the entries in memory or reads them from the file.
+    first = await start_gateway()
+    async with GatewayClient(first.url, CONTROL, timeout_s=10) as control:
+        created = await control.create_session(CreateSession(session="big"))
+        await control.set_ownership("big", OwnershipChange(expect_epoch=0, epoch=1, owner="a"))
+    question = "tell me everything " * 100
+    state = {f"channel-{i}": f"value {i} of the agent's state, " * 3 for i in range(40)}
+    async with (
+        GatewayClient(first.url, timeout_s=10) as client,
+        GatewayClient(first.url, created.agent_token, timeout_s=10) as agent,
+    ):
+        asked = await client.post_message("big", question)
+        turn = [
+            reply(asked.seq, "everything"),
+            NewEntry(kind="state", payload={"turn": asked.seq, "values": state}),
+            ack(asked.seq),
+        ]
+        await agent.append("big", epoch=1, entries=turn)
+    pages = [
+        await call(http, "GET", f"{first.url}/v1/sessions/big/journal", token=created.agent_token)
+    ]
+    await first.stop()
+    again = await start_gateway()
+    pages.append(
+        await call(http, "GET", f"{again.url}/v1/sessions/big/journal", token=created.agent_token)
+    )
+    events = await call(http, "GET", f"{again.url}/v1/sessions/big/events")
+    for page in pages:
+        assert page.status == 200
+        assert [e["payload"] for e in page.json["entries"][1:]] == [
+            {"role": "user", "content": question},
+            *(entry.payload for entry in turn),
+        ]
+    assert pages[0].json == pages[1].json
+    assert [e["payload"] for e in events.json["events"] if e["kind"] == "message"] == [
+        {"role": "user", "content": question},
+        turn[0].payload,
+    ]

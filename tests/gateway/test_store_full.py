@@ -4,6 +4,8 @@ not-ready, so traffic goes elsewhere until there is space again."""
 
 from __future__ import annotations
 
+import os
+
 import aiohttp
 
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
@@ -24,7 +26,10 @@ async def test_a_full_disk_is_a_503_with_retry_after_and_not_ready(
         ),
     )
     messages = f"{gateway.url}/v1/sessions/{session.name}/messages"
-    refused = await call(http, "POST", messages, json={"content": "x" * 200_000})
+    # Random text: the journal compresses a large payload, and 200 KB of one letter
+    # would fit in the pages the file already has.
+    content = os.urandom(100_000).hex()
+    refused = await call(http, "POST", messages, json={"content": content})
     assert (refused.status, refused.reason) == (503, "StoreFull"), refused.text
     assert "full" in refused.json["message"]
     assert int(refused.headers["Retry-After"]) > 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import orjson
 import pytest
-from langchain_core.messages import HumanMessage
+from langchain_core.messages import AIMessage, HumanMessage
 
 from shadowpod.bench.langgraph import SESSION, _build_graph, _Owner
 from shadowpod.domain.entries import JournalEntry
@@ -16,8 +16,9 @@ from shadowpod.domain.ownership import Ownership
 from shadowpod.domain.payloads import EntryKind
 from shadowpod.domain.reducer import fold
 from shadowpod.domain.state import SessionState
+from shadowpod.integrations import langgraph as integration
 from shadowpod.integrations.langgraph import ShadowpodSaver
-from shadowpod.integrations.langgraph.saver import CHUNK
+from shadowpod.integrations.langgraph.saver import CHUNK, NotInATurn
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 
 DATA = Path(__file__).parent / "data"
@@ -159,3 +160,25 @@ async def _tool_turns(
     sizes = [by_turn[turn] for turn in sorted(by_turn)]
     assert len(sizes) == turns
     return entries, sizes
+
+
+async def test_outside_a_turn_the_saver_says_what_exists_to_use_and_that_works() -> None:
+    graph = _build_graph()(ShadowpodSaver(), "custom")
+    config = {"configurable": {"thread_id": "admin"}}
+    with pytest.raises(NotInATurn) as refused:
+        await graph.ainvoke({"messages": [HumanMessage(content="hi")]}, config)
+    said = str(refused.value)
+    # Everything it names is there to be used (it once named a saver.ainvoke).
+    for name in ("graph_handler", "run_graph"):
+        assert name in said and hasattr(integration, name)
+    assert "saver.bound(turn)" in said and hasattr(ShadowpodSaver, "bound")
+    assert "ShadowpodSaver(values={})" in said
+    # As it says: a saver on a state in memory serves a test or an admin's update_state.
+    saver = ShadowpodSaver(values={})
+    graph = _build_graph()(saver, "custom")
+    await graph.ainvoke({"messages": [HumanMessage(content="hi")]}, config)
+    await graph.aupdate_state(config, {"messages": [AIMessage(content="an admin's note")]})
+    messages = (await graph.aget_state(config)).values["messages"]
+    assert messages[0].content == "hi"
+    assert messages[-1].content == "an admin's note"
+    assert saver.values["langgraph"]

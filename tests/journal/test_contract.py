@@ -14,6 +14,7 @@ from shadowpod.domain.ownership import FenceState, Ownership
 from shadowpod.journal import (
     EpochConflict,
     Fenced,
+    IdempotencyConflict,
     InvalidOwnership,
     JournalStore,
     JournalTruncated,
@@ -221,6 +222,62 @@ async def test_read_json_is_read_encoded_from_memory_and_from_the_database(
     for page in (from_memory, from_database):
         assert [entry_from_json(e) for e in page] == expected
         assert all(e["ts"].endswith("Z") for e in page)
+
+
+def _state_values(turn: int) -> dict[str, Any]:
+    """A framework agent's state entry: a few KB of JSON (the SQLite store keeps it
+    compressed, PostgreSQL's TOAST too)."""
+    return {f"channel-{i}": f"turn {turn}: value {i} of the agent's state, " * 3 for i in range(40)}
+
+
+async def test_large_payloads_read_back_whole_and_keep_idempotency_and_turns(
+    store_factory: StoreFactory,
+) -> None:
+    long_question = "why " * 1000  # an inbound message above the compression threshold
+    writer = store_factory()
+    await writer.open()
+    try:
+        await writer.create_session("s")
+        await writer.compare_and_set_ownership("s", 0, Ownership(epoch=1, owner="o"))
+        [asked] = await writer.append("s", [msg(long_question, id="q-1")])
+        # The turn an output names is checked against the inbound entry it names.
+        state = NewEntry(
+            id="st-1", kind="state", payload={"turn": asked.seq, "values": _state_values(1)}
+        )
+        outputs = [msg("an answer", role="assistant", turn=asked.seq), state, ack(asked.seq)]
+        await writer.append("s", outputs, owner_epoch=1)
+        [again] = await writer.append("s", [state], owner_epoch=1)
+        assert again.duplicate
+        changed = NewEntry(
+            id="st-1", kind="state", payload={"turn": asked.seq, "values": _state_values(2)}
+        )
+        with pytest.raises(IdempotencyConflict):
+            await writer.append("s", [changed], owner_epoch=1)
+        from_memory = orjson.loads(await writer.read_json("s"))
+    finally:
+        await writer.close()
+    reader = store_factory()  # nothing cached: read from the database
+    await reader.open()
+    try:
+        entries = await _read_all(reader, "s")
+        from_database = orjson.loads(await reader.read_json("s"))
+        followed = []
+        async for entry in reader.follow("s"):
+            followed.append(entry)
+            if entry.seq == entries[-1].seq:
+                break
+    finally:
+        await reader.close()
+    assert [(e.kind, e.payload) for e in entries] == [
+        ("control", entries[0].payload),
+        ("message", {"role": "user", "content": long_question}),
+        ("message", {"role": "assistant", "content": "an answer", "turn": asked.seq}),
+        ("state", {"turn": asked.seq, "values": _state_values(1)}),
+        ("ack", {"turn": asked.seq}),
+    ]
+    assert followed == entries
+    for page in (from_memory, from_database):
+        assert [entry_from_json(e) for e in page] == entries
 
 
 async def test_follow_yields_the_backlog_then_new_entries_in_order(store: JournalStore) -> None:

@@ -116,3 +116,21 @@ async def test_a_version_1_database_is_brought_up_with_its_ids_kept_per_writer(
     with psycopg.connect(PG_DSN, autocommit=True) as conn:
         version = conn.execute(f"SELECT value FROM {s}.meta WHERE key = 'schema_version'")
         assert version.fetchone() == ("2",)
+
+
+async def test_a_large_payload_is_stored_compressed_by_postgresql(store: JournalStore) -> None:
+    # PostgreSQL compresses a value of a row over ~2 KB itself (TOAST, pglz; a marker
+    # in the value's header says how each is stored): a framework agent's state entry
+    # takes a fraction of its JSON, as in the SQLite store (``codec.stored_payload``).
+    assert isinstance(store, PostgresJournalStore)
+    values = {f"channel-{i}": f"value {i} of the agent's state, " * 3 for i in range(40)}
+    await store.create_session("s")
+    await store.append("s", [NewEntry(kind="state", payload={"values": values})])
+    async with await psycopg.AsyncConnection.connect(PG_DSN) as conn:
+        cursor = await conn.execute(
+            f"SELECT pg_column_size(payload), octet_length(payload::text) "
+            f"FROM {store.schema}.entries WHERE kind = 'state'"
+        )
+        stored, json_bytes = await cursor.fetchone() or (0, 0)
+    assert json_bytes > 3_000
+    assert stored < json_bytes / 3

@@ -9,15 +9,19 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any, Final
 
+import orjson
 import pytest
 
-from shadowpod.domain.entries import JournalEntry, NewEntry
+from shadowpod.domain.entries import JournalEntry, NewEntry, entry_from_json
 from shadowpod.domain.errors import SchemaTooNew
+from shadowpod.domain.ownership import Ownership
 from shadowpod.journal.errors import SessionNotFound
 from shadowpod.journal.factory import store_from_url
 from shadowpod.journal.postgres.store import PostgresJournalStore
 from shadowpod.journal.spool import SnapshotSpool
+from shadowpod.journal.sqlite.sql import STORE_SCHEMA_VERSION
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
 from shadowpod.journal.sqlite.writer import GroupCommitWriter, WriteTx
 from shadowpod.journal.store import ForkPoint, Writer
@@ -38,7 +42,9 @@ async def test_a_database_written_by_a_newer_shadowpod_is_refused(tmp_path: Path
     conn.execute("UPDATE shadowpod_meta SET value = '9' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
-    with pytest.raises(SchemaTooNew, match="journal database has schema v9.*up to v4"):
+    with pytest.raises(
+        SchemaTooNew, match=f"journal database has schema v9.*up to v{STORE_SCHEMA_VERSION}"
+    ):
         await SQLiteJournalStore(tmp_path / "j.db").open()
 
 
@@ -240,7 +246,7 @@ async def test_a_version_1_database_is_brought_up_with_its_ids_kept_per_writer(
         assert not other.duplicate
     conn = sqlite3.connect(tmp_path / "j.db")
     version = conn.execute("SELECT value FROM shadowpod_meta WHERE key = 'schema_version'")
-    assert version.fetchone()[0] == "4"
+    assert version.fetchone()[0] == str(STORE_SCHEMA_VERSION)
     conn.close()
 
 
@@ -275,7 +281,7 @@ async def test_a_version_2_database_keeps_its_snapshots_and_takes_streamed_ones(
         assert (await store.get_snapshot("s", 1)).document_json == b'{"watermark": 1, "v": 3}'
     conn = sqlite3.connect(tmp_path / "j.db")
     version = conn.execute("SELECT value FROM shadowpod_meta WHERE key = 'schema_version'")
-    assert version.fetchone()[0] == "4"
+    assert version.fetchone()[0] == str(STORE_SCHEMA_VERSION)
     conn.close()
 
 
@@ -298,5 +304,97 @@ async def test_a_version_3_database_is_brought_up_and_forks(tmp_path: Path) -> N
         assert [e.id for e in await store.read("f")] == ["m-1"]
     conn = sqlite3.connect(tmp_path / "j.db")
     version = conn.execute("SELECT value FROM shadowpod_meta WHERE key = 'schema_version'")
-    assert version.fetchone()[0] == "4"
+    assert version.fetchone()[0] == str(STORE_SCHEMA_VERSION)
+    conn.close()
+
+
+def _agent_state(turn: int) -> dict[str, Any]:
+    """A framework agent's state entry: ~3 KB of JSON (a LangGraph checkpoint's)."""
+    return {f"channel-{i}": f"turn {turn}: value {i} of the agent's state, " * 2 for i in range(40)}
+
+
+async def test_large_entries_take_a_fraction_of_their_json_in_the_journal_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "j.db"
+    json_bytes = 0
+    async with SQLiteJournalStore(path) as store:
+        await store.create_session("s")
+        await store.compare_and_set_ownership("s", 0, Ownership(epoch=1, owner="o"))
+        for turn in range(200):
+            [asked] = await store.append(
+                "s", [NewEntry(kind="message", payload={"role": "user", "content": f"q{turn}"})]
+            )
+            state = {"turn": asked.seq, "values": _agent_state(turn)}
+            json_bytes += len(orjson.dumps(state))
+            await store.append(
+                "s",
+                [
+                    NewEntry(kind="state", payload=state),
+                    NewEntry(kind="ack", payload={"turn": asked.seq}),
+                ],
+                owner_epoch=1,
+            )
+        states = [e.payload for e in await store.read("s", 0, 10_000) if e.kind == "state"]
+    assert states == [{"turn": 3 * t + 2, "values": _agent_state(t)} for t in range(200)]
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    # Stored as JSON, each state entry took a 4 KiB page of its own: more than the JSON.
+    assert json_bytes > 500_000
+    assert path.stat().st_size < json_bytes / 2
+
+
+# A journal as the build before compressed payloads (main at d682d04, schema v4) wrote
+# it: a session owned at epoch 1, a 1.8 KB inbound message, its turn's reply, a 3 KB
+# state entry and ack, a snapshot (``SQLiteConnection.iterdump`` of the file).
+_WRITTEN_BY_V4: Final = Path(__file__).parent / "data" / "journal-v4-written-by-d682d04.sql"
+
+
+async def test_a_journal_written_by_the_build_before_compression_reads_and_grows(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "j.db"
+    conn = sqlite3.connect(path)
+    conn.executescript(_WRITTEN_BY_V4.read_text())
+    as_written = [
+        (seq, kind, orjson.loads(payload))
+        for seq, kind, payload in conn.execute(
+            "SELECT seq, kind, payload FROM entries ORDER BY seq"
+        )
+    ]
+    conn.close()
+    async with SQLiteJournalStore(path) as store:
+        before = await store.read("s")
+        assert [(e.seq, e.kind, e.payload) for e in before] == as_written
+        assert [entry_from_json(e) for e in orjson.loads(await store.read_json("s"))] == before
+        assert (await store.get_snapshot("s", 5)).document_json == b'{"watermark": 5, "v": "main"}'
+        [asked] = await store.append(
+            "s", [NewEntry(kind="message", payload={"role": "user", "content": "more " * 400})]
+        )
+        grown = {"turn": asked.seq, "values": _agent_state(2)}
+        await store.append(
+            "s",
+            [
+                NewEntry(kind="state", payload=grown),
+                NewEntry(kind="ack", payload={"turn": asked.seq}),
+            ],
+            owner_epoch=1,
+        )
+        [old_state] = await store.append(
+            "s", [NewEntry(id="st-1", kind="state", payload=as_written[3][2])], owner_epoch=1
+        )
+        assert (old_state.seq, old_state.duplicate) == (4, True)
+    async with SQLiteJournalStore(path) as store:  # nothing cached
+        after = await store.read("s")
+        assert after[:5] == before
+        assert [e.payload for e in after[5:]] == [
+            {"role": "user", "content": "more " * 400},
+            grown,
+            {"turn": asked.seq},
+        ]
+        assert [entry_from_json(e) for e in orjson.loads(await store.read_json("s"))] == after
+    conn = sqlite3.connect(path)
+    version = conn.execute("SELECT value FROM shadowpod_meta WHERE key = 'schema_version'")
+    assert version.fetchone()[0] == str(STORE_SCHEMA_VERSION)
     conn.close()

@@ -37,7 +37,12 @@ from shadowpod.journal.ownership import TRIGGER_MESSAGE, epoch_marker, validate_
 from shadowpod.journal.sqlite.writer import WriteTx
 from shadowpod.journal.store import Appended, ForkPoint, SessionInfo, SessionPosition, Writer
 
-STORE_SCHEMA_VERSION: Final = 4
+STORE_SCHEMA_VERSION: Final = 5
+
+# The SQL function that reads a stored payload as its JSON text (``codec.payload_text``:
+# large payloads are stored compressed since version 5), on every connection of the
+# store (``add_functions``).
+_PAYLOAD_TEXT: Final = "shadowpod_payload_text"
 
 _DDL: Final = """
 CREATE TABLE IF NOT EXISTS shadowpod_meta (
@@ -113,11 +118,11 @@ END
 # Ids looked up per statement (SQLite allows 32766 variables).
 _IN_BATCH: Final = 500
 
-_INBOUND_AT: Final = """
+_INBOUND_AT: Final = f"""
 SELECT seq FROM entries
 WHERE sid = ? AND seq = ? AND epoch = 0 AND (
-    (kind = 'message' AND json_extract(CAST(payload AS TEXT), '$.role') IN ('user', 'system'))
-    OR (kind = 'schedule' AND json_extract(CAST(payload AS TEXT), '$.op') = 'fire')
+    (kind = 'message' AND json_extract({_PAYLOAD_TEXT}(payload), '$.role') IN ('user', 'system'))
+    OR (kind = 'schedule' AND json_extract({_PAYLOAD_TEXT}(payload), '$.op') = 'fire')
 )
 """
 
@@ -158,6 +163,17 @@ _TO_V4: Final = (
     ("parent_sid", "ALTER TABLE sessions ADD COLUMN parent_sid INTEGER"),
     ("fork_seq", "ALTER TABLE sessions ADD COLUMN fork_seq INTEGER"),
 )
+
+
+# Version 4 to 5: large payloads stored compressed (``codec.stored_payload``). Nothing
+# to change: a row stored as before reads as before. The version says that a build
+# older than this one cannot read the journal (it would take a compressed payload for
+# JSON), so it refuses it with ``SchemaTooNew`` instead.
+
+
+def add_functions(conn: sqlite3.Connection) -> None:
+    """The SQL functions the statements here use, on a new connection."""
+    conn.create_function(_PAYLOAD_TEXT, 1, codec.payload_text, deterministic=True)
 
 
 def init_schema(conn: sqlite3.Connection) -> None:
@@ -419,7 +435,7 @@ def append(
                 entry.kind,
                 epoch,
                 tx.now_us,
-                codec.encode_payload(entry.payload),
+                codec.stored_payload(entry.payload),
                 int(writer),
             ),
         )
@@ -540,12 +556,15 @@ def _spans(conn: sqlite3.Connection, row: sqlite3.Row, after: int) -> list[forks
 # The rows reach the aggregate in seq order: a subquery with a LIMIT is not flattened
 # into its aggregate but runs as a co-routine, in its ORDER BY (SQLite < 3.44 has no
 # ORDER BY inside json_group_array to say so; the contract test checks the order).
-_READ_JSON: Final = """
+# A payload stored compressed is inflated by a Python function (zlib gives up the GIL
+# while it works); one stored as JSON text is read by SQLite alone.
+_READ_JSON: Final = f"""
 SELECT json_group_array(json_object(
     'seq', seq, 'id', id, 'kind', kind, 'epoch', epoch,
     'ts', strftime('%Y-%m-%dT%H:%M:%S', ts_us / 1000000, 'unixepoch')
           || printf('.%06dZ', ts_us % 1000000),
-    'payload', json(CAST(payload AS TEXT))
+    'payload', json(CASE WHEN substr(payload, 1, 1) = X'00'
+                    THEN {_PAYLOAD_TEXT}(payload) ELSE CAST(payload AS TEXT) END)
 )) FROM (
     SELECT seq, id, kind, epoch, ts_us, payload FROM entries
     WHERE sid = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?
@@ -631,7 +650,7 @@ def compare_and_set_ownership(
                 marker.kind,
                 new.epoch,
                 tx.now_us,
-                codec.encode_payload(marker.payload),
+                codec.stored_payload(marker.payload),
                 int(Writer.GATEWAY),
             ),
         )

@@ -153,6 +153,7 @@ class SQLiteJournalStore:
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         conn.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
+        sql.add_functions(conn)
         return conn
 
     def _connect_writer(self) -> sqlite3.Connection:
