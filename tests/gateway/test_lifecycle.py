@@ -7,7 +7,13 @@ import asyncio
 import aiohttp
 import pytest
 
-from shadowpod.api.models import CreateSession, OwnershipChange, ScheduleSpec, SuspendRequest
+from shadowpod.api.models import (
+    CreateSession,
+    ForkFrom,
+    OwnershipChange,
+    ScheduleSpec,
+    SuspendRequest,
+)
 from shadowpod.client.gateway import GatewayClient, GatewayError
 from tests.gateway.conftest import CONTROL, Session, ack, call, reply
 
@@ -210,3 +216,24 @@ async def test_schedules_keep_firing_while_suspended_and_wait_for_the_resume(
     async with GatewayClient(url, created.agent_token) as agent:
         _, released = await agent.owner_entries("ticking", epoch=2, after=0)
     assert released >= max(await fired_since_suspend())
+
+
+async def test_a_forks_history_says_where_it_came_from_and_the_parents_names_it(
+    agent: GatewayClient, client: GatewayClient, control: GatewayClient, owned: Session
+) -> None:
+    first = await _served(agent, client, owned.name, "first")
+    await _served(agent, client, owned.name, "second")
+    await control.create_session(
+        CreateSession(session="tryout", fork_from=ForkFrom(session=owned.name, seq=first))
+    )
+    fork = await client.history("tryout")
+    forked = [(e.seq, e.detail) for e in fork.events if e.event == "forked"]
+    assert forked == [(first, {"from": owned.name})]
+    seqs = [e.seq for e in fork.events]
+    assert seqs == sorted(seqs)
+    parent = await client.history(owned.name)
+    forks = [(e.seq, e.detail) for e in parent.events if e.event == "fork"]
+    assert forks == [(first, {"fork": "tryout"})]
+    # Read past the fork point: the parent's history no longer tells it.
+    later = await client.history(owned.name, after=first)
+    assert [e for e in later.events if e.event == "fork"] == []

@@ -440,7 +440,8 @@ class HistoryEvent(_Body):
     at: str
     event: str = Field(
         description="snapshot, epoch, fence, unfence, suspend, wake, resume, migration,"
-        " drained, session_created."
+        " drained, session_created; forked (this session from detail.from, at seq) and fork"
+        " (a fork, detail.fork, made from this session at seq)."
     )
     epoch: int | None = None
     owner: str | None = None
