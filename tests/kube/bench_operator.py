@@ -72,6 +72,7 @@ class OperatorBenchConfig:
     created_suspended: bool = False
     workdir: Path = Path("/tmp/shadowpod-bench-operator")
     timeout_s: float = 900.0
+    settle_s: float = 35.0  # before the idle window: the passes of the sessions' start end
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
@@ -306,7 +307,9 @@ async def _scale(
                 }
             elif config.suspended:
                 suspended = await _suspend_all(api, names_, config.timeout_s)
-            idle = await _idle(metrics_port, operator.pid, config.idle_window_s, gateway)
+            idle = await _idle(
+                metrics_port, operator.pid, config.idle_window_s, gateway, config.settle_s
+            )
             if idle is not None:
                 idle["operator_rss_mb_before_sessions"] = baseline
                 idle["gateway_rss_mb_before_sessions"] = gateway_baseline
@@ -352,14 +355,14 @@ async def _requests(metrics_port: int) -> dict[str, float]:
 
 
 async def _idle(
-    metrics_port: int, pid: int, window_s: float, gateway: GatewayProcess
+    metrics_port: int, pid: int, window_s: float, gateway: GatewayProcess, settle_s: float = 35.0
 ) -> dict[str, Any] | None:
     """The operator's requests a second while nothing changes, after the passes of the
     sessions' start have ended (one period of 30 s, and a bit); the requests the
     gateway served meanwhile (the operator's and anyone's: nobody else calls it)."""
     if window_s <= 0:
         return None
-    await asyncio.sleep(35.0)
+    await asyncio.sleep(settle_s)
     before, started = await _requests(metrics_port), time.monotonic()
     served = await _gateway_requests(gateway)
     await asyncio.sleep(window_s)
@@ -558,6 +561,7 @@ def main() -> None:
         help="create every session suspended (no pod) before the idle window",
     )
     parser.add_argument("--timeout", type=float, default=defaults.timeout_s)
+    parser.add_argument("--settle", type=float, default=defaults.settle_s)
     parser.add_argument(
         "--suspended",
         action="store_true",
@@ -573,6 +577,7 @@ def main() -> None:
         suspended=args.suspended,
         created_suspended=args.created_suspended,
         timeout_s=args.timeout,
+        settle_s=args.settle,
     )
     report = eventloop.run(run_operator_bench(config), terminate_gracefully=True)
     print(json.dumps(report, indent=2))
