@@ -183,6 +183,9 @@ class ScheduleSpec(_Body):
     schedule_id: str = Field(min_length=1, max_length=150)
     every_s: SchedulePeriod
     content: str = Field(default="", max_length=MAX_SCHEDULE_CONTENT)
+    wake: Annotated[bool, Strict()] = Field(
+        default=False, description="A fire wakes the session while it is suspended."
+    )
 
 
 class ForkFrom(_Body):
