@@ -74,12 +74,13 @@ class Session:
 
 
 def gateway_config(journal: Path, **overrides: Any) -> GatewayConfig:
-    return GatewayConfig(
-        journal_url=f"sqlite:///{journal}",
-        control_token_hashes=frozenset({token_hash(CONTROL)}),
-        port=0,
-        **overrides,
-    )
+    """The SQLite journal at ``journal`` unless ``overrides`` name a ``journal_url``."""
+    settings: dict[str, Any] = {
+        "journal_url": f"sqlite:///{journal}",
+        "control_token_hashes": frozenset({token_hash(CONTROL)}),
+        "port": 0,
+    }
+    return GatewayConfig(**(settings | overrides))
 
 
 class GatewayTestServer(TestServer):

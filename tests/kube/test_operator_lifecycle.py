@@ -161,3 +161,39 @@ async def test_the_readmes_suspend_and_wake_block_does_what_it_says(world: World
 
 async def _no_pods(world: World, name: str) -> bool:
     return not [p for p in await world.pods(name) if not p["metadata"].get("deletionTimestamp")]
+
+
+async def test_a_session_created_suspended_starts_no_pod_and_answers_once_resumed(
+    world: World,
+) -> None:
+    """Sessions made ahead (one per user, say) and left suspended cost no pod: none is
+    started for a session created ``Suspended``; its first owner starts on resume and
+    answers what waited."""
+    await world.apply(session_manifest("z4", operatingMode="Suspended"))
+    pods_seen: list[str] = []
+
+    async def suspended() -> dict[str, Any] | None:
+        pods_seen.extend(p["metadata"]["name"] for p in await world.pods("z4"))
+        body = await world.session("z4")
+        return body if (body.get("status") or {}).get("phase") == "Suspended" else None
+
+    body = await eventually(suspended, timeout=60, every=0.2)
+    assert body["status"]["suspension"]["reason"] == "Requested"
+    await asyncio.sleep(2)  # and it stays so, with no pod
+    assert (await world.session("z4"))["status"]["phase"] == "Suspended"
+    pods_seen.extend(p["metadata"]["name"] for p in await world.pods("z4"))
+    assert pods_seen == []
+    sid = world.gateway_session("z4")
+    async with world.client() as client:
+        hello = await client.post_message(sid, "my name is Ada", id="hello")
+        await _mode(world, "z4", "Running")
+        await world.wait_running("z4", timeout=120)
+
+        async def answered() -> dict[int, int] | None:
+            counts = await reply_counts(client, sid)
+            return counts if hello.seq in counts else None
+
+        await eventually(answered, timeout=60)
+        await asyncio.sleep(1)
+        assert (await reply_counts(client, sid))[hello.seq] == 1
+    assert len(await world.pods("z4")) == 1

@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 
 from shadowpod.domain.entries import NewEntry
-from shadowpod.domain.payloads import MAX_SCHEDULE_PERIOD_S
+from shadowpod.domain.payloads import MAX_SCHEDULE_PERIOD_S, SchedulePayload
 from shadowpod.domain.schema import dump_state
 from shadowpod.domain.state import Schedule, SessionState
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
@@ -142,6 +142,39 @@ async def test_a_schedule_set_again_fires_again_and_the_firer_does_not_spin(
     assert [f["fire_no"] for f in journaled] == [1, 2, 3, 1]  # the new fire 1 is journaled
     assert len({f["id"] for f in journaled}) == 4
     assert delays[-1] > 0  # waits for the next fire instead of retrying one forever
+
+
+async def test_only_a_schedule_set_with_wake_asks_to_wake_its_session(
+    store: SQLiteJournalStore,
+) -> None:
+    waking = SchedulePayload.setting("tick", every_s=1, content="tock", wake=True)
+    plain = SchedulePayload.setting("tick", every_s=1, content="tock")
+    for name in ("waking", "plain", "old"):
+        await store.create_session(name)
+    await store.append("waking", [NewEntry.of(waking)])
+    await store.append("plain", [NewEntry.of(plain)])
+    # A journal written before the switch existed: its sets name no ``wake``.
+    await store.append("old", [set_entry("tick", 1, "tock")])
+    assert "wake" not in NewEntry.of(plain).payload  # what a gateway without it reads
+    asked: list[str] = []
+
+    async def wake(session: str) -> bool:
+        asked.append(session)
+        return True
+
+    clock = await clock_at_set(store, "waking")
+    firer = ScheduleFirer(store, clock=clock, wake=wake)
+    await firer.load(["waking", "plain", "old"])
+    await firer.tick()
+    clock.advance(2)
+    await firer.tick()
+
+    assert {s: len(await fires(store, s)) for s in ("waking", "plain", "old")} == {
+        "waking": 1,
+        "plain": 1,
+        "old": 1,
+    }
+    assert asked == ["waking"]
 
 
 async def test_the_firer_keeps_schedules_not_the_fires_it_folds(

@@ -109,15 +109,14 @@ class OwnerContext:
         entry_id = fitting_id(f"{self._id_prefix}:{self._output_no}")
         self._outputs.append(NewEntry.of(payload, id=entry_id))
 
-    def schedule(self, schedule_id: str, *, every_s: float, content: str = "") -> None:
-        """Fire ``content`` into this session every ``every_s`` seconds, whoever owns it."""
+    def schedule(
+        self, schedule_id: str, *, every_s: float, content: str = "", wake: bool = False
+    ) -> None:
+        """Fire ``content`` into this session every ``every_s`` seconds, whoever owns it;
+        with ``wake``, a fire while the session is suspended wakes it (else it waits)."""
         self._emit(
-            SchedulePayload(
-                schedule_id=schedule_id,
-                op=ScheduleOp.SET,
-                every_s=every_s,
-                content=content,
-                turn=self._turn,
+            SchedulePayload.setting(
+                schedule_id, every_s=every_s, content=content, wake=wake, turn=self._turn
             )
         )
 

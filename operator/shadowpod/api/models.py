@@ -183,6 +183,9 @@ class ScheduleSpec(_Body):
     schedule_id: str = Field(min_length=1, max_length=150)
     every_s: SchedulePeriod
     content: str = Field(default="", max_length=MAX_SCHEDULE_CONTENT)
+    wake: Annotated[bool, Strict()] = Field(
+        default=False, description="A fire wakes the session while it is suspended."
+    )
 
 
 class ForkFrom(_Body):
@@ -440,7 +443,8 @@ class HistoryEvent(_Body):
     at: str
     event: str = Field(
         description="snapshot, epoch, fence, unfence, suspend, wake, resume, migration,"
-        " drained, session_created."
+        " drained, session_created; forked (this session from detail.from, at seq) and fork"
+        " (a fork, detail.fork, made from this session at seq)."
     )
     epoch: int | None = None
     owner: str | None = None

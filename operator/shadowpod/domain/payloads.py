@@ -161,6 +161,33 @@ class SchedulePayload(TurnScoped):
     every_s: SchedulePeriod | None = None
     content: str = Field(default="", max_length=MAX_SCHEDULE_CONTENT)
     fire_no: FireNo | None = None
+    # A ``set`` whose fires wake the session while it is suspended (absent: they wait).
+    wake: Annotated[bool, Strict()] = False
+
+    @classmethod
+    def setting(
+        cls,
+        schedule_id: str,
+        *,
+        every_s: float,
+        content: str = "",
+        wake: bool = False,
+        turn: int | None = None,
+    ) -> SchedulePayload:
+        """A ``set``. ``wake`` is written only when true: the entries of a schedule that
+        does not wake stay the ones a gateway without the field reads (``extra`` is
+        forbidden)."""
+        fields: dict[str, object] = {
+            "schedule_id": schedule_id,
+            "op": ScheduleOp.SET,
+            "every_s": every_s,
+            "content": content,
+        }
+        if turn is not None:
+            fields["turn"] = turn
+        if wake:
+            fields["wake"] = True
+        return cls.model_validate(fields)
 
 
 class ProcessOp(StrEnum):

@@ -319,6 +319,7 @@ def _schedule(state: SessionState, entry: JournalEntry, payload: Payload) -> Non
             content=payload.content,
             anchor=entry.ts,
             set_seq=entry.seq,
+            wake=payload.wake,
         )
 
 

@@ -116,6 +116,7 @@ class Schedule:
     set_seq: int
     fired: int = 0  # the highest fire_no journaled
     last_fire_seq: int | None = None
+    wake: bool = False  # a fire asks a suspended session to wake
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

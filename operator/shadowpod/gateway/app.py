@@ -7,6 +7,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any, Final
 
 from aiohttp import web
@@ -112,15 +113,22 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
     metrics = GatewayMetrics()
     gates = SessionGates(store, on_pause=metrics.fence_pause.observe, window=config.delivery_window)
     fence = ExchangeFence(store, gates)
+    lifecycle = SessionLifecycle(store, gates, fence, WakeFeed())
+    # A waking schedule's fire asks for a wake the way a client's message does.
+    wake_on_fire = partial(lifecycle.wake, reason="schedule")
     gw = Gateway(
         config=config,
         store=store,
         auth=Authenticator(store, config.control_token_hashes, config.client_token_hashes),
         gates=gates,
         fence=fence,
-        firer=ScheduleFirer(store, on_fire=metrics.schedule_fires.inc),
+        firer=ScheduleFirer(
+            store,
+            on_fire=metrics.schedule_fires.inc,
+            wake=wake_on_fire,
+        ),
         metrics=metrics,
-        lifecycle=SessionLifecycle(store, gates, fence, WakeFeed()),
+        lifecycle=lifecycle,
         deletions=DeletedSessions(store),
     )
     gw.deletions.on_deleted = gw.forget
@@ -138,6 +146,7 @@ def make_app(config: GatewayConfig, store: JournalStore | None = None) -> web.Ap
         gw.firer = ScheduleFirer(
             store,
             on_fire=metrics.schedule_fires.inc,
+            wake=wake_on_fire,
             right=placement,
             recheck_s=config.lease_ttl_s / 4,
             rediscover_s=config.lease_ttl_s,

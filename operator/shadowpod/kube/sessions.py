@@ -65,8 +65,10 @@ from shadowpod.kube.models.v1alpha1 import (
     JournalStatus,
     Judge,
     MigrationSummary,
+    OperatingMode,
     PersonaJudge,
     SessionCondition,
+    SuspendReason,
     Suspension,
 )
 from shadowpod.kube.models.v1alpha1.policy import EvictionStrategy
@@ -407,6 +409,21 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
     if active is None and (pod is None or pod_dead(pod)):
         if pod is not None or recorded_owner == ownership.owner:
             ownership, pod = await _replace_owner(ctx, body, session, ownership, pod)
+        elif session.spec.operating_mode is OperatingMode.SUSPENDED:
+            # Its owner never started: none is, only to be suspended once it serves.
+            done = await suspensions.suspend(
+                ctx, body, session, ownership, SuspendReason.REQUESTED, started=False
+            )
+            if done is not None:
+                suspended, suspension = done
+                return Observed(
+                    phase="Suspended",
+                    epoch=suspended.epoch,
+                    journal=await _position(ctx, gid),
+                    last=last,
+                    degraded=found[0] if found else None,
+                    suspension=suspension,
+                )
         else:
             pod = await _create_owner(ctx, session, ownership.owner, ownership.epoch)
     if active is None and pod is not None and not pod_dead(pod) and pod_ready(pod):

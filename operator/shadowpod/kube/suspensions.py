@@ -103,15 +103,23 @@ async def suspend(
     session: AgentSession,
     ownership: Ownership,
     reason: SuspendReason,
+    *,
+    started: bool = True,
 ) -> tuple[Ownership, Suspension] | None:
     """Suspend the session served by ``ownership.owner``; ``None`` when its owner did
     not end its turn within the fence timeout (the fence was lifted: the next pass tries
-    again)."""
+    again). Not ``started`` (a session created suspended): no pod of that owner was
+    made, so none is asked for a snapshot or deleted — its epoch is fenced all the same,
+    and the first owner starts on resume."""
     name = session.metadata.name or ""
     namespace = session.metadata.namespace or "default"
     gid = names.gateway_session(namespace, name)
     policy = session.spec.migration
-    snapshot = await final_snapshot(ctx, gid, min(SNAPSHOT_WAIT_S, policy.phase_timeout_seconds))
+    snapshot = (
+        await final_snapshot(ctx, gid, min(SNAPSHOT_WAIT_S, policy.phase_timeout_seconds))
+        if started
+        else None
+    )
     request = SuspendRequest.model_validate(
         {
             "expect_epoch": ownership.epoch,
@@ -127,7 +135,7 @@ async def suspend(
             raise
         await ctx.event(body, "Warning", "SuspendWaiting", f"{exc}; the operator tries again")
         return None
-    if ownership.owner is not None:
+    if started and ownership.owner is not None:
         await ctx.api.delete(
             namespaced("pods", namespace, ownership.owner),
             grace_s=policy.drain_grace_period_seconds,
@@ -137,12 +145,13 @@ async def suspend(
         if snapshot is None
         else (f"final snapshot at seq {snapshot}")
     )
+    said = (
+        f"owner {ownership.owner} fenced at epoch {ownership.epoch} and deleted ({kept})"
+        if started
+        else "created suspended: no owner started (the first starts on resume)"
+    )
     await ctx.event(
-        body,
-        "Normal",
-        "Suspended",
-        f"{reason.value}: owner {ownership.owner} fenced at epoch {ownership.epoch} and"
-        f" deleted ({kept}); messages wait in the journal",
+        body, "Normal", "Suspended", f"{reason.value}: {said}; messages wait in the journal"
     )
     suspended = await ctx.admin.ownership(gid)
     return suspended, Suspension(reason=reason, since=datetime.now(UTC), epoch=ownership.epoch)

@@ -3,7 +3,9 @@
 Every change of owner, fence, suspension, wake and resume is a ``control`` entry the
 store journaled in the transaction that made it; snapshots are listed by the store.
 The history is those, in seq order — read from the journal, so it is exactly as
-durable as the session itself and needs no record of its own.
+durable as the session itself and needs no record of its own — and the forks: a
+fork's ``forked`` (from its parent, at the fork point) and a parent's ``fork`` (each
+fork made from it, at its point), from the sessions' own records.
 """
 
 from __future__ import annotations
@@ -64,6 +66,28 @@ async def history(
                         "schema_version": snapshot.schema_version,
                         "size_bytes": snapshot.size_bytes,
                     },
+                )
+            )
+
+    def read(seq: int) -> bool:
+        return after < seq and (ended or seq <= cursor)
+
+    # Forks: where this session came from, and the forks made from it (one listing of
+    # the sessions: a history is asked for by a person, not on a hot path).
+    if info.fork_of is not None and info.fork_seq is not None and read(info.fork_seq):
+        items.append(
+            HistoryItem(
+                seq=info.fork_seq, at=info.created, event="forked", detail={"from": info.fork_of}
+            )
+        )
+    for other in await store.list_sessions():
+        if other.fork_of == session and other.fork_seq is not None and read(other.fork_seq):
+            items.append(
+                HistoryItem(
+                    seq=other.fork_seq,
+                    at=other.created,
+                    event="fork",
+                    detail={"fork": other.session},
                 )
             )
     items.sort(key=lambda item: (item.seq, item.at))

@@ -4,7 +4,8 @@
   finishes its turn, the epoch moves on (so it can write nothing more), and the new
   epoch's record says ``suspended``: nothing is delivered, clients' messages keep
   being journaled. A ``control``/``suspend`` marker says so in the journal.
-- **Wake**: a client's message to a suspended session turns the record to ``waking``
+- **Wake**: a client's message to a suspended session (or a fire of a schedule set
+  with ``wake``) turns the record to ``waking``
   (one compare-and-set, durable), journals a ``wake`` marker once per suspension, and
   is published on the ``WakeFeed`` the operator long-polls — one connection for every
   session, no polling per session.
@@ -122,9 +123,10 @@ class SessionLifecycle:
         [appended] = await self._store.append(session, [marker])
         return outcome, appended.seq
 
-    async def wake(self, session: str) -> bool:
-        """A client's message came: ask for an owner if the session is suspended.
-        Returns whether it is (the message then waits for the resume)."""
+    async def wake(self, session: str, *, reason: str = "message") -> bool:
+        """A client's message (or a waking schedule's fire) came: ask for an owner if
+        the session is suspended. Returns whether it is (the message then waits for the
+        resume)."""
         ownership = await self._store.get_ownership(session)
         if ownership.fence is FenceState.WAKING:
             return True
@@ -139,7 +141,7 @@ class SessionLifecycle:
                 session, ownership.epoch, ownership.model_copy(update={"fence": FenceState.WAKING})
             )
         [appended] = await self._store.append(
-            session, [_marker(ControlEvent.WAKE, waking.epoch, "message")]
+            session, [_marker(ControlEvent.WAKE, waking.epoch, reason)]
         )
         self.feed.publish(session, waking.epoch, appended.seq)
         return True

@@ -165,6 +165,7 @@ class ScheduleFirer:
         *,
         clock: Clock = _utcnow,
         on_fire: Callable[[], None] | None = None,
+        wake: Callable[[str], Awaitable[object]] | None = None,
         right: FiringRight | None = None,
         recheck_s: float = 2.0,
         rediscover_s: float | None = None,
@@ -181,6 +182,8 @@ class ScheduleFirer:
         self._served_under: dict[str, int] = {}  # the lease generation last fired under
         self._clock = clock
         self._on_fire = on_fire  # called for every fire this firer journaled
+        # Asks a suspended session to wake (the gateway's, as for a client's message).
+        self._wake_session = wake
         self._books: dict[str, ScheduleBook] = {}
         self._dirty: set[str] = set()
         self._backoff: dict[str, _Backoff] = {}
@@ -328,6 +331,11 @@ class ScheduleFirer:
         if self._on_fire is not None:
             for _ in range(fresh):
                 self._on_fire()
+        # Asked even when the fire was journaled already (by this firer before a
+        # failure, or by another replica): the wake is idempotent, and a fire must not
+        # be left unable to wake the session it was for.
+        if self._wake_session is not None and any(s.wake for s, _ in fires):
+            await self._wake_session(session)
 
     def _next_fire(
         self, session: str, schedule: Schedule, now: datetime

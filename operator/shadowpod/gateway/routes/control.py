@@ -30,7 +30,6 @@ from shadowpod.domain.payloads import (
     ControlEvent,
     ControlPayload,
     CredentialPayload,
-    ScheduleOp,
     SchedulePayload,
 )
 from shadowpod.gateway.context import (
@@ -97,8 +96,8 @@ async def create_session(request: web.Request) -> web.Response:
     ]
     entries += [
         NewEntry.of(
-            SchedulePayload(
-                schedule_id=s.schedule_id, op=ScheduleOp.SET, every_s=s.every_s, content=s.content
+            SchedulePayload.setting(
+                s.schedule_id, every_s=s.every_s, content=s.content, wake=s.wake
             ),
             id=f"{prefix}schedule-set:{s.schedule_id}",
         )
