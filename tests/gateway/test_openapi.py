@@ -220,7 +220,11 @@ REQUEST_MODELS: dict[str, type[BaseModel]] = {
     "ResumeRequest": models.ResumeRequest,
     "SnapshotRequest": models.SnapshotRequest,
     "NewEntry": NewEntry,
-    **{f"{model.__name__}": model for model in set(payloads.PAYLOAD_MODELS.values())},
+    # In a fixed order: every pytest-xdist worker must collect the same tests.
+    **{
+        model.__name__: model
+        for model in sorted(set(payloads.PAYLOAD_MODELS.values()), key=lambda m: m.__name__)
+    },
 }
 RESPONSE_MODELS: dict[str, type[BaseModel]] = {
     "ErrorBody": models.ErrorBody,
