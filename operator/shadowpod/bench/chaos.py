@@ -418,7 +418,9 @@ async def run_chaos(
             policy=policy,
             journal_url=journal_url,
         ) as scenario:
-            socket = workdir / "runtime.sock"
+            # A Unix socket's path holds at most 107 bytes: not under a workdir that
+            # may be long (a test's, or --workdir's), but in a short one of its own.
+            socket = Path(tempfile.mkdtemp(prefix="shadowpod-")) / "runtime.sock"
             service = RuntimeService(scenario.deployment.runtime, socket)
             await service.start()
             try:
@@ -438,6 +440,7 @@ async def run_chaos(
                 final = await scenario.finish(drain_timeout_s=config.settle_s)
             finally:
                 await service.close()
+                shutil.rmtree(socket.parent, ignore_errors=True)
     except Exception as exc:
         # What went wrong is in the logs of the gateway, the engine and the instances.
         what = str(exc) or type(exc).__name__
