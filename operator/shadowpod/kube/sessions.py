@@ -51,6 +51,7 @@ from shadowpod.api.models import (
 )
 from shadowpod.client.gateway import GatewayError
 from shadowpod.domain.errors import ShadowpodError
+from shadowpod.domain.ownership import Ownership
 from shadowpod.engine.ports import GatewayUnavailable
 from shadowpod.engine.record import TERMINAL
 from shadowpod.kube import conditions, following, manifests, names, suspensions, validation
@@ -415,15 +416,7 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
                 ctx, body, session, ownership, SuspendReason.REQUESTED, started=False
             )
             if done is not None:
-                suspended, suspension = done
-                return Observed(
-                    phase="Suspended",
-                    epoch=suspended.epoch,
-                    journal=await _position(ctx, gid),
-                    last=last,
-                    degraded=found[0] if found else None,
-                    suspension=suspension,
-                )
+                return await _now_suspended(ctx, gid, done, last, found)
         else:
             pod = await _create_owner(ctx, session, ownership.owner, ownership.epoch)
     if active is None and pod is not None and not pod_dead(pod) and pod_ready(pod):
@@ -431,15 +424,7 @@ async def reconcile(ctx: OperatorContext, body: dict[str, Any]) -> Observed:
         if reason is not None:
             done = await suspensions.suspend(ctx, body, session, ownership, reason)
             if done is not None:
-                suspended, suspension = done
-                return Observed(
-                    phase="Suspended",
-                    epoch=suspended.epoch,
-                    journal=await _position(ctx, gid),
-                    last=last,
-                    degraded=found[0] if found else None,
-                    suspension=suspension,
-                )
+                return await _now_suspended(ctx, gid, done, last, found)
         active = await _maybe_migrate(
             ctx, session, body, pod, migrations, gated=gated or following.rolled_out(body)
         )
@@ -467,6 +452,25 @@ async def _position(ctx: OperatorContext, gid: str) -> JournalStatus | None:
         acked = min(journal.head, max(journal.acks.values(), default=0))
         return JournalStatus(head_seq=journal.head, acked_seq=acked)
     return None
+
+
+async def _now_suspended(
+    ctx: OperatorContext,
+    gid: str,
+    done: tuple[Ownership, Suspension],
+    last: MigrationSummary | None,
+    found: list[Problem],
+) -> Observed:
+    """What a pass that has just suspended the session saw."""
+    suspended, suspension = done
+    return Observed(
+        phase="Suspended",
+        epoch=suspended.epoch,
+        journal=await _position(ctx, gid),
+        last=last,
+        degraded=found[0] if found else None,
+        suspension=suspension,
+    )
 
 
 async def _suspended(
