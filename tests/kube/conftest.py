@@ -207,6 +207,20 @@ async def world(
     gc.collect()
 
 
+@pytest.fixture
+async def processless_world(emulator_kube: KubeConnection, tmp_path: Path) -> AsyncIterator[World]:
+    """The operator on the emulator with one node whose pods run no process: for what
+    the operator asks and does, not what the agents answer."""
+    async with (
+        emulator_kube.api() as api,
+        Kubelet(api, local_images(), tmp_path / "kubelet", run_processes=False) as nodes,
+    ):
+        await nodes.add_node("node-1")
+        async for running in world_of(emulator_kube, "default", tmp_path, nodes=nodes):
+            await running.start_operator()
+            yield running
+
+
 async def _remove_namespace(api: client.ApiClient, namespace: str) -> None:
     """The operator is stopped by now: its finalizers are taken off what it left, or
     the namespace would never go; the garbage collector removes the pods."""

@@ -14,9 +14,7 @@ starting at once on this shared 2-core machine would be measured instead."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,10 +26,7 @@ from shadowpod.kube import sessions
 from shadowpod.kube.models.v1alpha1 import JournalStatus
 from shadowpod.kube.models.v1alpha1.session import MigrationSummary
 from shadowpod.kube.positions import differences
-from tests.kube.conftest import local_images
-from tests.kube.connection import KubeConnection
-from tests.kube.kubelet import Kubelet
-from tests.kube.operator_world import World, session_manifest, world_of
+from tests.kube.operator_world import World, session_manifest
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(300)
@@ -40,15 +35,8 @@ WINDOW_S = 4.0
 
 
 @pytest.fixture
-async def world(emulator_kube: KubeConnection, tmp_path: Path) -> AsyncIterator[World]:
-    async with (
-        emulator_kube.api() as api,
-        Kubelet(api, local_images(), tmp_path / "kubelet", run_processes=False) as nodes,
-    ):
-        await nodes.add_node("node-1")
-        async for running in world_of(emulator_kube, "default", tmp_path, nodes=nodes):
-            await running.start_operator()
-            yield running
+def world(processless_world: World) -> World:
+    return processless_world
 
 
 def _steady(body: dict[str, object]) -> bool:

@@ -12,33 +12,21 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import kmock
 import pytest
 
 from shadowpod.kube import names
-from tests.kube.conftest import local_images
-from tests.kube.connection import KubeConnection
 from tests.kube.emulator import ApiServerEmulator
-from tests.kube.kubelet import Kubelet
-from tests.kube.operator_world import World, session_manifest, world_of
+from tests.kube.operator_world import World, session_manifest
 from tests.kube.support import eventually
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture
-async def world(emulator_kube: KubeConnection, tmp_path: Path) -> AsyncIterator[World]:
-    async with (
-        emulator_kube.api() as api,
-        Kubelet(api, local_images(), tmp_path / "kubelet", run_processes=False) as nodes,
-    ):
-        await nodes.add_node("node-1")
-        async for running in world_of(emulator_kube, "default", tmp_path, nodes=nodes):
-            await running.start_operator()
-            yield running
+def world(processless_world: World) -> World:
+    return processless_world
 
 
 async def _steady(world: World, name: str) -> dict[str, object]:
