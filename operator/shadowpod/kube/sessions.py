@@ -487,9 +487,10 @@ async def _suspended(
     namespace = session.metadata.namespace or "default"
     stored = None if session.status is None else session.status.suspension
     degraded = found[0] if found else None
-    if not suspensions.stays_suspended(session, ownership) and stored is None:
-        # The body may predate the pass that suspended it (a timer's, a wake's): the
-        # reason is in the status that pass wrote; read it before resuming.
+    if stored is None:
+        # The body may predate the pass that suspended it (a timer's, a wake's, its
+        # creation's): the reason is in the status that pass wrote; read it before
+        # resuming, or before writing a status that would drop it.
         fresh = await ctx.api.get(namespaced("agentsessions", namespace, session.metadata.name))
         if fresh is not None:
             session = session_model(fresh)
