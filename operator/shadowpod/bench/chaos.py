@@ -422,8 +422,8 @@ async def run_chaos(
             # may be long (a test's, or --workdir's), but in a short one of its own.
             socket = Path(tempfile.mkdtemp(prefix="shadowpod-")) / "runtime.sock"
             service = RuntimeService(scenario.deployment.runtime, socket)
-            await service.start()
             try:
+                await service.start()
                 await asyncio.sleep(config.warmup_s)
                 names = list(scenario.sessions)
                 tally = Tally()
