@@ -124,6 +124,60 @@ async def test_an_idle_session_suspends_and_a_message_wakes_it_answered_once(
     assert "Resumed" in reasons
 
 
+async def test_a_schedule_declared_to_wake_wakes_an_idle_session_and_another_waits(
+    world: World,
+) -> None:
+    """``spec.schedules[].wake``: both sessions sleep for being idle; the fire of the
+    schedule declared with ``wake`` brings its owner back and is answered once, the
+    other's fires are journaled and wait (its session stays suspended)."""
+    every = 8
+    for name, wake in (("z5", True), ("z6", False)):
+        schedule = {"name": "nudge", "everySeconds": every, "message": "anything new?"}
+        await world.apply(
+            session_manifest(name, idleSuspendAfter="2s", schedules=[{**schedule, "wake": wake}])
+        )
+    for name in ("z5", "z6"):
+        await world.wait_running(name, epoch=1)
+    async with world.client() as client:
+
+        async def fires(name: str, after: int = 0) -> list[int]:
+            page = await client.events(
+                world.gateway_session(name), after=after, kinds=["schedule"], limit=1000
+            )
+            return [e["seq"] for e in page.events if e["payload"]["op"] == "fire"]
+
+        suspended: dict[str, int] = {}
+        for name in ("z5", "z6"):
+            body = await _phase(world, name, "Suspended", timeout=60)
+            assert body["status"]["suspension"]["reason"] == "Idle"
+            suspended[name] = (await client.status(world.gateway_session(name))).head
+
+        # The waking schedule's next fire brings an owner back, which answers it once.
+        async def woke_by_a_fire() -> int | None:
+            after = await fires("z5", suspended["z5"])
+            counts = await reply_counts(client, world.gateway_session("z5"))
+            return next((seq for seq in after if counts.get(seq) == 1), None)
+
+        fire = await eventually(woke_by_a_fire, timeout=90, every=0.5)
+        history = await client.history(world.gateway_session("z5"))
+        wakes = [e for e in history.events if e.event == "wake" and e.seq > suspended["z5"]]
+        assert wakes and wakes[0].reason == "schedule", history.events
+        await asyncio.sleep(1)
+        assert (await reply_counts(client, world.gateway_session("z5")))[fire] == 1
+
+        # The other's fires came too, and wait unanswered with its session asleep.
+        waiting = await eventually(lambda: _nonempty(fires("z6", suspended["z6"])), timeout=30)
+        counts = await reply_counts(client, world.gateway_session("z6"))
+        assert all(seq not in counts for seq in waiting), (waiting, counts)
+        assert (await world.session("z6"))["status"]["phase"] == "Suspended"
+        assert await _no_pods(world, "z6")
+
+
+async def _nonempty(found: Any) -> Any:
+    values = await found
+    return values or None
+
+
 def _readme_block() -> list[list[str]]:
     """The commands of the README's "Suspend and wake" block, as a shell splits them."""
     text = (Path(__file__).resolve().parents[2] / README).read_text()

@@ -227,7 +227,9 @@ async def ensure_gateway_session(
             for c in session.spec.credentials
         ],
         schedules=[
-            ScheduleSpec(schedule_id=s.name, every_s=s.every_seconds, content=s.message)
+            ScheduleSpec(
+                schedule_id=s.name, every_s=s.every_seconds, content=s.message, wake=s.wake
+            )
             for s in session.spec.schedules
         ],
         agent_token_sha256=token_hash(token),

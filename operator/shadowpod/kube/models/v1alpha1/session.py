@@ -128,6 +128,13 @@ class Schedule(KubeModel):
     name: Name = Field(description="Unique in the session.")
     every_seconds: Integer = Field(ge=1, le=31_536_000, description="The period (at most a year).")
     message: str = Field(min_length=1, max_length=16384, description="What the agent receives.")
+    wake: bool = Field(
+        default=False,
+        description="A fire wakes the session while it sleeps for being idle"
+        " (idleSuspendAfter); without it, fires wait in the journal and are answered"
+        " when something else resumes the session. A session suspended by"
+        " operatingMode: Suspended is never woken.",
+    )
 
 
 class CheckpointPolicy(KubeModel):
