@@ -77,6 +77,40 @@ async def test_deliveries_release_inbound_only_a_window_ahead_of_acks(
         assert released == seqs[1]
 
 
+async def test_a_restarted_gateway_releases_the_next_message_to_an_owner_that_acked_all(
+    start_gateway: StartGateway,
+) -> None:
+    """An idle session (everything acked) across a gateway restart: the next message is
+    released to its owner. (The new gate released the session's first messages again,
+    which the owner, past them, never acks: it never got another one.)"""
+    first = await start_gateway()
+    async with GatewayClient(first.url, CONTROL, timeout_s=10) as control:
+        created = await control.create_session(CreateSession(session="s"))
+        await control.set_ownership("s", OwnershipChange(expect_epoch=0, epoch=1, owner="a"))
+        async with GatewayClient(first.url, created.agent_token, timeout_s=10) as owner:
+            for n in range(6):
+                asked = await control.post_message("s", f"m{n}")
+                await owner.append(
+                    "s", epoch=1, entries=[reply(asked.seq, f"r{n}"), ack(asked.seq)]
+                )
+    await first.stop()
+    again = await start_gateway()
+    async with (
+        GatewayClient(again.url, CONTROL, timeout_s=10) as control,
+        GatewayClient(again.url, created.agent_token, timeout_s=10) as owner,
+    ):
+        seen = (await control.status("s")).head
+        # The owner asks first (its channel reconnects): nothing new, nothing to release.
+        entries, released = await owner.owner_entries("s", epoch=1, after=seen)
+        assert entries == [] and released <= seen
+        nxt = await control.post_message("s", "after the restart")
+        entries, released = await owner.owner_entries(
+            "s", epoch=1, after=seen, released=released, wait_s=5
+        )
+        assert [e.seq for e in entries] == [nxt.seq]
+        assert released == nxt.seq
+
+
 async def test_owner_entries_long_polls_until_something_is_released(
     agent: GatewayClient, client: GatewayClient, owned: Session
 ) -> None:

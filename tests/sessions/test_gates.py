@@ -57,3 +57,24 @@ async def test_a_new_owner_asking_before_the_gate_heard_of_its_epoch_is_served(
     assert gate.release(entries, 2) == 2
     with pytest.raises(Superseded):
         gate.release(entries, 1)  # while the old owner is refused
+
+
+async def test_a_gate_made_after_everything_was_acked_releases_what_comes_next(
+    store: SQLiteJournalStore,
+) -> None:
+    """A replica that comes to serve an idle session (a moved lease, a restart) builds
+    its gate from the journal: with nothing left unacked, the next message is released —
+    not the session's first inbound entries again, which the owner would never ack (it
+    is past them), stalling delivery for good."""
+    entries = await _inbound(store, 6)  # seq 2..7
+    await store.append(
+        "s", [NewEntry(id="ack:7", kind="ack", payload={"turn": 7})], owner_epoch=1, owner="a"
+    )
+    gate = await SessionGates(store).get("s")  # another process's gates
+    assert gate.outstanding == 0
+    [fresh] = await store.append(
+        "s", [NewEntry(kind="message", payload={"role": "user", "content": "next"})]
+    )
+    assert gate.release(await store.read("s", 0, 1000), 1) == fresh.seq
+    assert gate.outstanding == 1
+    assert entries[-1].seq == 7

@@ -85,7 +85,10 @@ class SessionGate:
         outstanding: Iterable[int],
         on_pause: PauseObserver | None = None,
         window: int = DEFAULT_WINDOW,
+        acked_through: int = 0,
     ) -> None:
+        """``acked_through``: the owner's ack watermark, below which nothing is released
+        again (with nothing ``outstanding``, the next inbound entry after it is next)."""
         self.session = session
         self.epoch = ownership.epoch
         # A suspended session releases nothing either, until it resumes.
@@ -95,7 +98,9 @@ class SessionGate:
         self._outstanding: deque[int] = deque(sorted(outstanding))
         self.released_count = 0
         # Highest inbound seq the current owner may be working on.
-        self.released_through = self._outstanding[-1] if self._outstanding else 0
+        self.released_through = max(
+            self._outstanding[-1] if self._outstanding else 0, acked_through
+        )
         # Entries up to here were examined for release (so none is examined twice).
         self.scanned_through = self.released_through
         self.lock = asyncio.Lock()  # one ExchangeFence at a time per session
@@ -285,13 +290,22 @@ class SessionGates:
             ownership = await self._store.compare_and_set_ownership(
                 session, ownership.epoch, ownership.model_copy(update={"fence": FenceState.OPEN})
             )
-        # Conservatively, the owner may hold every inbound entry not yet acked.
-        outstanding = await self.unacked_inbound(session)
-        return SessionGate(session, ownership, outstanding, self._on_pause, self._window)
+        # Conservatively, the owner may hold every inbound entry not yet acked; what it
+        # acked is never released again (it is past it: it would never ack it again).
+        acked = await self._acked(session)
+        outstanding = await self._inbound_after(session, acked)
+        return SessionGate(
+            session, ownership, outstanding, self._on_pause, self._window, acked_through=acked
+        )
 
     async def unacked_inbound(self, session: str) -> list[int]:
         """The seqs of the inbound entries not yet acked."""
-        acked = max((await self._store.acks(session)).values(), default=0)
+        return await self._inbound_after(session, await self._acked(session))
+
+    async def _acked(self, session: str) -> int:
+        return max((await self._store.acks(session)).values(), default=0)
+
+    async def _inbound_after(self, session: str, acked: int) -> list[int]:
         seqs: list[int] = []
         after = acked
         while True:
