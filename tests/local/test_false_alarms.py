@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
+from shadowpod.client.gateway import GatewayClient
 from shadowpod.engine.record import MigrationPolicy, MigrationRecord, Phase
 from shadowpod.local.runtime import LocalRuntime
 from shadowpod.local.scenario import SESSION, LiveScenario, ScenarioReport
@@ -31,6 +33,17 @@ async def _crash(runtime: LocalRuntime, name: str) -> None:
     assert instance is not None
     os.kill(instance.process.pid, signal.SIGSTOP)
     await runtime.kill(name)
+
+
+async def _until_nothing_outstanding(client: GatewayClient, timeout_s: float = 10.0) -> None:
+    """Until the owner has acked every message the gateway released to it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        outstanding = (await client.status(SESSION)).outstanding
+        if outstanding == 0:
+            return
+        assert time.monotonic() < deadline, f"{outstanding} messages still not acked"
+        await asyncio.sleep(0.05)
 
 
 async def test_a_shadow_killed_after_the_epoch_bump_is_a_recovery_not_a_broken_invariant(
@@ -60,12 +73,21 @@ async def test_a_source_killed_before_it_could_drain_breaks_no_invariant(
     tmp_path: Path,
 ) -> None:
     policy = MigrationPolicy(fence_timeout_s=1.0, max_fence_attempts=5, phase_timeout_s=20.0)
-    async with LiveScenario(tmp_path, rate=50, policy=policy, heartbeat_s=0.0) as scenario:
+    # No schedule: a fire released to the source once it is frozen would be a message in
+    # its hands, which the fence waits for (and rolls back after, rightly: a stopped
+    # process is a slow source, not a dead one).
+    async with LiveScenario(
+        tmp_path, rate=50, policy=policy, heartbeat_s=0.0, schedules=()
+    ) as scenario:
         runtime = scenario.deployment.runtime
         await asyncio.sleep(0.5)
         # Quiet first, so that the frozen source has nothing in hand the fence would wait for.
         await scenario.stop_load()
         assert await scenario.load.wait_answered(10.0)
+        # Answered is not yet acked (an owner acks after its reply is journaled): the
+        # frozen source would leave that ack owed and every fence attempt wait for it.
+        assert scenario.client is not None
+        await _until_nothing_outstanding(scenario.client)
 
         async def freeze_source(record: MigrationRecord) -> None:
             # It must not see the epoch move and drain before it is killed.

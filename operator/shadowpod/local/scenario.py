@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
@@ -50,6 +50,7 @@ from shadowpod.local.subject import REFERENCE_NAME, AgentUnderTest, reference_ag
 SESSION: Final = "demo"
 NAME: Final = REFERENCE_NAME
 CREDENTIAL: Final = "weather-api"
+DIGEST: Final = (ScheduleSpec(schedule_id="digest", every_s=2.0, content="daily digest"),)
 # A migration's window opens a little before it: messages sent just before may wait on it.
 WINDOW_LEAD_S: Final = 0.05
 
@@ -104,13 +105,17 @@ class LiveScenario:
         journal_url: str | None = None,
         checkpoints: bool = False,
         agent: AgentUnderTest | None = None,
+        schedules: Sequence[ScheduleSpec] = DIGEST,
     ) -> None:
+        """``schedules``: each session's (a 2 s digest by default, so that every run
+        shows fires journaled once across its moves)."""
         if sessions < 1:
             raise ValueError("a scenario needs at least one session")
         self.workdir = workdir
         self.rate = rate
         self.session_count = sessions
         self.agent = agent or reference_agent(heartbeat_s)
+        self.schedules = list(schedules)
         self.deployment = LocalDeployment(
             workdir,
             images or self.agent.images,
@@ -176,7 +181,7 @@ class LiveScenario:
                 image=owner.image,
                 instance=owner.name,
                 credentials=[CREDENTIAL],
-                schedules=[ScheduleSpec(schedule_id="digest", every_s=2.0, content="daily digest")],
+                schedules=self.schedules,
             )
             load = ClientLoad(self.client, name, self.rate / len(names), message=self.agent.message)
             live = LiveSession(name, owner, load)
