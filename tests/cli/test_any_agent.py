@@ -28,8 +28,10 @@ def _map(tmp_path: Path) -> Path:
 
 
 def test_the_demo_migrates_a_langgraph_agent_named_by_its_image_map(tmp_path: Path) -> None:
+    # A rate the LangGraph example keeps up with on a busy core (it answered 14 msg/s
+    # beside the suite's other workers): what is tested is the image map, not its speed.
     result = shadowpod(
-        "demo", "--json", "--rate", "20", "--before", "1", "--after", "1",
+        "demo", "--json", "--rate", "8", "--before", "1", "--after", "1",
         "--images", str(_map(tmp_path)), "--from", "lg:v1", "--to", "lg:v2",
         "--seed", "hello", "--seed", "lookup Oslo",
         "--message", "tell me {n}", "--remembers", "messages so far",
