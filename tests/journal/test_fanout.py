@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from shadowpod.domain.entries import NewEntry
+from shadowpod.domain.entries import JournalEntry, NewEntry
 from shadowpod.journal import JournalStore
 from shadowpod.journal.followers import TAIL_BATCHES, WAVE
 from shadowpod.journal.postgres.store import PostgresJournalStore
 from shadowpod.journal.sqlite.store import SQLiteJournalStore
-from tests.conftest import PG_DSN, drop_pg_schema
+from tests.conftest import PG_DSN, drop_pg_schema, postgres_unavailable
 
 FOLLOWERS = 300
 COMMITS = 20
@@ -162,3 +162,104 @@ async def test_stalled_followers_neither_block_commits_nor_miss_anything(
             resumed.extend(e.seq for e in await asyncio.wait_for(anext(follower), 10))
         assert resumed == list(range(2, total + 1))
         await follower.aclose()
+
+
+class _CountingSQLite(SQLiteJournalStore):
+    """Counts the reads its followers make (they read through ``self.read``)."""
+
+    reads = 0
+
+    async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
+        self.reads += 1
+        return await super().read(session, after, limit)
+
+
+class _CountingPostgres(PostgresJournalStore):
+    reads = 0
+
+    async def read(self, session: str, after: int = 0, limit: int = 1000) -> list[JournalEntry]:
+        self.reads += 1
+        return await super().read(session, after, limit)
+
+
+@pytest.fixture
+async def counting(
+    backend: str, tmp_path: Path
+) -> AsyncIterator[_CountingSQLite | _CountingPostgres]:
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    opened = (
+        _CountingSQLite(tmp_path / "journal.db", follow_poll_s=0.05)
+        if backend == "sqlite"
+        else _CountingPostgres(PG_DSN, schema=schema, follow_poll_s=0.05)
+    )
+    await opened.open()
+    yield opened
+    await opened.close()
+    if backend == "postgres":
+        drop_pg_schema(schema)
+
+
+async def test_idle_followers_cost_one_read_per_poll_not_one_each(
+    counting: _CountingSQLite | _CountingPostgres,
+) -> None:
+    """The poll for commits made by other processes is one read for a session's waiting
+    followers: 2,000 idle event streams on a session made the gateway re-read the
+    journal 2,000 times a poll (76 % of a core, doing nothing)."""
+    store = counting
+    await store.create_session("s")
+    await store.append("s", [msg(1)])
+    ready = asyncio.Event()
+    waiting = 0
+
+    async def follower() -> None:
+        nonlocal waiting
+        async with aclosing(store.follow_batches("s")) as batches:
+            async for _ in batches:
+                waiting += 1
+                if waiting == FOLLOWERS:
+                    ready.set()
+
+    followers = [asyncio.create_task(follower()) for _ in range(FOLLOWERS)]
+    try:
+        await asyncio.wait_for(ready.wait(), 30)
+        before = store.reads
+        await asyncio.sleep(1.0)  # about 20 polls
+        polled = store.reads - before
+    finally:
+        for task in followers:
+            task.cancel()
+        await asyncio.gather(*followers, return_exceptions=True)
+    assert 0 < polled <= 25, f"{polled} reads in 1 s for {FOLLOWERS} idle followers"
+
+
+async def test_a_lost_notification_is_found_by_the_poll_at_every_cursor() -> None:
+    """What the poll is for: a commit made by another replica whose notification never
+    came (here: this one's listener stopped) reaches every follower of the session,
+    whichever cursor each waits at."""
+    if reason := postgres_unavailable():
+        pytest.skip(reason)
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    here = PostgresJournalStore(PG_DSN, schema=schema, follow_poll_s=0.05)
+    elsewhere = PostgresJournalStore(PG_DSN, schema=schema)
+    try:
+        async with here, elsewhere:
+            await here.create_session("s")
+            await here.append("s", [msg(n) for n in range(3)])  # seqs 1..3
+            assert here._listener is not None
+            await here._listener.stop()  # no NOTIFY reaches it from now on
+            seen: dict[int, list[int]] = {after: [] for after in range(4)}
+
+            async def follower(after: int) -> None:
+                async with aclosing(here.follow_batches("s", after)) as batches:
+                    async for batch in batches:
+                        seen[after].extend(entry.seq for entry in batch)
+                        if seen[after][-1] == 5:
+                            return
+
+            followers = [asyncio.create_task(follower(after)) for after in seen]
+            await asyncio.sleep(0.3)  # all waiting, the poll going on
+            await elsewhere.append("s", [msg(10), msg(11)])  # seqs 4, 5
+            await asyncio.wait_for(asyncio.gather(*followers), 10)
+    finally:
+        drop_pg_schema(schema)
+    assert seen == {after: list(range(after + 1, 6)) for after in seen}

@@ -5,10 +5,13 @@ session's tail (a short ring shared by every follower of the session in this pro
 and schedules one notification for after the committing call has returned. Followers
 wake on that, take what follows their own cursor from the ring, and read the database
 instead when the ring no longer holds it (they fell behind, or stalled), when a commit
-happened in another process (PostgreSQL ``NOTIFY``, or the poll interval for SQLite
-readers), or when something went wrong. A follower that stops reading (a client that
-does not read its socket) holds nothing and is handed nothing: it costs a commit
-nothing.
+happened in another process (PostgreSQL ``NOTIFY``, or found by the poll), or when
+something went wrong. The poll is one read per session, not one per follower: every
+``poll_interval`` while followers wait, the session's tail asks the database for one
+entry after the lowest cursor they wait at, and only when there is one do they all
+read again (2,000 idle event streams on a session made 20,000 reads a second). A
+follower that stops reading (a client that does not read its socket) holds nothing and
+is handed nothing: it costs a commit nothing.
 
 A commit wakes a session's waiting followers in waves of ``WAVE``, one wave per turn of
 the event loop: whatever else is ready (the next post, its answer) runs between two
@@ -51,16 +54,19 @@ class SessionTail:
 
     __slots__ = (
         "_in_wave",
+        "_low",
         "_notifying",
         "_poll",
         "_poll_interval",
+        "_probing",
+        "_read",
         "_waves",
         "batches",
         "followers",
         "rereads",
     )
 
-    def __init__(self, poll_interval: float) -> None:
+    def __init__(self, poll_interval: float, read: ReadFn) -> None:
         self.batches: deque[Sequence[JournalEntry]] = deque(maxlen=TAIL_BATCHES)
         # Bumped whenever followers must read the database rather than trust the ring.
         self.rereads = 0
@@ -71,6 +77,10 @@ class SessionTail:
         self._in_wave = 0
         self._notifying = False
         self._poll: asyncio.TimerHandle | None = None
+        # The lowest cursor a waiting follower waits at (what the poll asks after).
+        self._low: int | None = None
+        self._read = read
+        self._probing: asyncio.Task[None] | None = None
 
     def publish(self, entries: Sequence[JournalEntry]) -> None:
         if entries:
@@ -103,13 +113,15 @@ class SessionTail:
             expected = batch[-1].seq + 1
         return found or None
 
-    async def changed(self) -> None:
-        """Until the next publish or re-read (or the poll interval, as a re-read)."""
+    async def changed(self, cursor: int) -> None:
+        """Until the next publish or re-read: of a follower that has read through
+        ``cursor`` (the poll re-reads when the database holds more after it)."""
+        self._low = cursor if self._low is None else min(self._low, cursor)
         if not self._waves or self._in_wave >= WAVE:
             loop = asyncio.get_running_loop()
             self._waves.append(loop.create_future())
             self._in_wave = 0
-            if self._poll is None:
+            if self._poll is None and self._probing is None:
                 self._poll = loop.call_later(self._poll_interval, self._polled)
         self._in_wave += 1
         # Shielded: a follower cancelled while waiting (its client left) must not
@@ -120,10 +132,29 @@ class SessionTail:
         if self._poll is not None:
             self._poll.cancel()
             self._poll = None
+        if self._probing is not None:
+            self._probing.cancel()
+            self._probing = None
 
     def _polled(self) -> None:
         self._poll = None
-        self.reread()
+        if self._waves and self._low is not None:
+            self._probing = asyncio.get_running_loop().create_task(self._probe(self._low))
+
+    async def _probe(self, low: int) -> None:
+        """One read for the session's waiting followers: more in the database after
+        ``low`` (committed by another process) makes them read; else the poll goes on."""
+        try:
+            found = await self._read(low, 1)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 — each follower then meets it and says so
+            found = None
+        self._probing = None
+        if found is None or found:
+            self.reread()
+        elif self._waves and self._poll is None:
+            self._poll = asyncio.get_running_loop().call_later(self._poll_interval, self._polled)
 
     def _announce(self) -> None:
         if not self._waves or self._notifying:
@@ -134,6 +165,7 @@ class SessionTail:
     def _notify(self) -> None:
         self._notifying = False
         waves, self._waves, self._in_wave = self._waves, [], 0
+        self._low = None
         if self._poll is not None:
             self._poll.cancel()
             self._poll = None
@@ -152,14 +184,17 @@ def _release(waves: list[asyncio.Future[None]], index: int) -> None:
 class FollowerHub:
     """The session tails of one store's followers in this process."""
 
-    def __init__(self, poll_interval: float) -> None:
+    def __init__(self, poll_interval: float, read: SessionReadFn) -> None:
         self._poll_interval = poll_interval
+        self._read = read
         self._tails: dict[str, SessionTail] = {}
 
     def subscribe(self, session: str) -> SessionTail:
         tail = self._tails.get(session)
         if tail is None:
-            tail = self._tails[session] = SessionTail(self._poll_interval)
+            tail = self._tails[session] = SessionTail(
+                self._poll_interval, functools.partial(self._read, session)
+            )
         tail.followers += 1
         return tail
 
@@ -212,7 +247,7 @@ async def follow_journal_runs(
                 if fresh is None:
                     break  # not in the ring: read the database
                 if not fresh:
-                    await tail.changed()
+                    await tail.changed(cursor)
                     continue
                 yield fresh
                 cursor = fresh[-1][-1].seq
@@ -248,7 +283,7 @@ class Followers:
     ``read``."""
 
     def __init__(self, read: SessionReadFn, *, poll_interval: float) -> None:
-        self.hub = FollowerHub(poll_interval)
+        self.hub = FollowerHub(poll_interval, read)
         self._read = read
 
     def runs(self, session: str, after: int) -> AsyncGenerator[list[Sequence[JournalEntry]], None]:
