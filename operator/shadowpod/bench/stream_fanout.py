@@ -7,8 +7,9 @@ path) while the owner long-polls for them. Reported per level: post latency and 
 owner's delivery latency (post sent to entry received), p50/p99/max.
 
 Streams are held ``stalled`` (the request is sent, the answer's head read, then the
-socket is never read again, on a small receive buffer: the adversary of issue 24) or
-``reading`` (every event read and dropped).
+socket is never read again, on a small receive buffer: the adversary of issue 24),
+``reading`` (every event read and dropped), or ``idle``: read, but on another session,
+which nothing is posted to — what idle streams cost the sessions that do work.
 
 ``--compare-source DIR`` measures a gateway started from another source tree as well
 (``DIR/operator`` first on its ``PYTHONPATH``, e.g. a checkout of main), in the same
@@ -37,7 +38,9 @@ from shadowpod.bench.machine import MachineProbe
 from shadowpod.local.gateway_process import GatewayProcess
 
 SESSION: Final = "fanout"
-MODES: Final = ("stalled", "reading")
+# Where the ``idle`` mode's streams are held: a session nothing is posted to.
+IDLE_SESSION: Final = "fanout-idle"
+MODES: Final = ("stalled", "reading", "idle")
 STALLED_RCVBUF: Final = 4096
 
 
@@ -86,7 +89,7 @@ async def hold_streams(url: str, session: str, count: int, mode: str) -> None:
         while await reader.read(65536):
             pass
 
-    draining = [asyncio.create_task(drain(r)) for r in readers] if mode == "reading" else []
+    draining = [asyncio.create_task(drain(r)) for r in readers] if mode != "stalled" else []
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
     for task in draining:
         task.cancel()
@@ -105,7 +108,7 @@ async def _streams(url: str, count: int, mode: str) -> AsyncIterator[None]:
         "import asyncio, sys; from shadowpod.bench.stream_fanout import hold_streams; "
         "asyncio.run(hold_streams(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))",
         url,
-        SESSION,
+        IDLE_SESSION if mode == "idle" else SESSION,
         str(count),
         mode,
         stdin=asyncio.subprocess.PIPE,
@@ -269,6 +272,11 @@ async def _measure(config: FanoutBenchConfig, source: Path | None, mode: str) ->
                     f"{gateway.url}/v1/sessions", json={"session": SESSION}, headers=control
                 ) as created:
                     agent_token = (await created.json())["agent_token"]
+                async with http.post(
+                    f"{gateway.url}/v1/sessions", json={"session": IDLE_SESSION}, headers=control
+                ) as idle:
+                    if idle.status != 201:
+                        raise RuntimeError(f"creating the idle session: {idle.status}")
                 async with http.put(
                     f"{gateway.url}/v1/sessions/{SESSION}/ownership",
                     json={"expect_epoch": 0, "epoch": 1, "owner": "bench-owner"},

@@ -217,7 +217,8 @@ def _print_snapshot(report: dict[str, Any]) -> None:
     "modes",
     type=click.Choice(MODES),
     multiple=True,
-    help="How the streams are held (default: both): never read, or read and dropped.",
+    help="How the streams are held (default: all three): never read; read and dropped;"
+    " or read on another session, which gets no message (idle streams).",
 )
 @click.option(
     "--journal",
