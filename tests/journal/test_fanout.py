@@ -5,6 +5,7 @@ they fell behind). Followers that stop reading hold nothing and slow nothing."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Generator
 from contextlib import aclosing
@@ -30,19 +31,10 @@ def msg(n: int) -> NewEntry:
 
 @pytest.fixture
 async def unpolled(backend: str, tmp_path: Path) -> AsyncIterator[JournalStore]:
-    """A store whose followers never poll during the test: a poll re-reads the database
-    for every follower, which is another matter (and starts tasks on PostgreSQL)."""
-    schema = f"test_{uuid.uuid4().hex[:12]}"
-    opened: JournalStore = (
-        SQLiteJournalStore(tmp_path / "journal.db", follow_poll_s=600)
-        if backend == "sqlite"
-        else PostgresJournalStore(PG_DSN, schema=schema, follow_poll_s=600)
-    )
-    await opened.open()
-    yield opened
-    await opened.close()
-    if backend == "postgres":
-        drop_pg_schema(schema)
+    """A store whose followers never poll during the test (the poll is another matter,
+    and starts a task on its own)."""
+    async with _opened(backend, tmp_path, poll_s=600) as opened:
+        yield opened
 
 
 async def test_a_commit_starts_no_task_per_follower(unpolled: JournalStore) -> None:
@@ -182,21 +174,31 @@ class _CountingPostgres(PostgresJournalStore):
         return await super().read(session, after, limit)
 
 
+@contextlib.asynccontextmanager
+async def _opened(
+    backend: str, tmp_path: Path, *, poll_s: float
+) -> AsyncIterator[_CountingSQLite | _CountingPostgres]:
+    schema = f"test_{uuid.uuid4().hex[:12]}"
+    opened = (
+        _CountingSQLite(tmp_path / "journal.db", follow_poll_s=poll_s)
+        if backend == "sqlite"
+        else _CountingPostgres(PG_DSN, schema=schema, follow_poll_s=poll_s)
+    )
+    await opened.open()
+    try:
+        yield opened
+    finally:
+        await opened.close()
+        if backend == "postgres":
+            drop_pg_schema(schema)
+
+
 @pytest.fixture
 async def counting(
     backend: str, tmp_path: Path
 ) -> AsyncIterator[_CountingSQLite | _CountingPostgres]:
-    schema = f"test_{uuid.uuid4().hex[:12]}"
-    opened = (
-        _CountingSQLite(tmp_path / "journal.db", follow_poll_s=0.05)
-        if backend == "sqlite"
-        else _CountingPostgres(PG_DSN, schema=schema, follow_poll_s=0.05)
-    )
-    await opened.open()
-    yield opened
-    await opened.close()
-    if backend == "postgres":
-        drop_pg_schema(schema)
+    async with _opened(backend, tmp_path, poll_s=0.05) as opened:
+        yield opened
 
 
 async def test_idle_followers_cost_one_read_per_poll_not_one_each(
