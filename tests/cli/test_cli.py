@@ -79,7 +79,7 @@ def test_bench_fanout_reports_posts_and_delivery_by_open_streams() -> None:
     result = shadowpod("bench", "fanout", "--quick", "--json", timeout=240)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert [run["streams_held"] for run in report["runs"]] == ["stalled", "reading"]
+    assert [run["streams_held"] for run in report["runs"]] == ["stalled", "reading", "idle"]
     for run in report["runs"]:
         assert list(run["by_open_streams"]) == ["0", "5"]
         for level in run["by_open_streams"].values():
