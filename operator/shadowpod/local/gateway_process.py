@@ -29,7 +29,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on ``port`` now. Bound as the gateway binds it
+    (``SO_REUSEADDR``, asyncio's default): the connections a stopped gateway closed
+    linger in TIME_WAIT on its port for a minute, and do not keep a server from it."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:
