@@ -101,6 +101,19 @@ def _free(host: str, port: int) -> bool:
     return True
 
 
+def _host_run(start: int, count: int = 4 * 253) -> list[str]:
+    """``count`` loopback addresses from ``start`` (the address's low 24 bits), none
+    ending in .0, .1 or .255."""
+    hosts: list[str] = []
+    n = start
+    while len(hosts) < count:
+        a, b, c = (n >> 16) & 255, (n >> 8) & 255, n & 255
+        if 1 <= a <= 254 and 2 <= c <= 254:
+            hosts.append(f"127.{a}.{b}.{c}")
+        n += 1
+    return hosts
+
+
 class LocalRuntime:
     def __init__(
         self,
@@ -124,12 +137,11 @@ class LocalRuntime:
         self._tokens: dict[str, str] = {}
         self._owner_keys: dict[str, str] = {}  # session -> its owner key
         self._instances: dict[str, LocalInstance] = {}
-        # A random /16 inside 127.0.0.0/8 per runtime, so that several local
-        # deployments on one machine (parallel test runs, a demo) do not collide.
-        base = random.randrange(1, 255)
-        self._hosts = itertools.cycle(
-            f"127.{base}.{b}.{c}" for b in range(4) for c in range(2, 255)
-        )
+        # A run of addresses from a random start in 127.1.0.0 - 127.254.255.255 per
+        # runtime, so that several local deployments on one machine (parallel test
+        # runs, a demo) do not collide: a random /16 each (254 of them) met often
+        # enough under parallel tests that two runtimes started agents on one address.
+        self._hosts = itertools.cycle(_host_run(random.randrange(1 << 16, 254 << 16)))
         self._http: aiohttp.ClientSession | None = None
         self.warm_spares = warm_spares
         self._spares: dict[str, WarmSpare] = {}
