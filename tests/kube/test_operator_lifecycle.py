@@ -166,16 +166,14 @@ async def test_a_schedule_declared_to_wake_wakes_an_idle_session_and_another_wai
         assert (await reply_counts(client, world.gateway_session("z5")))[fire] == 1
 
         # The other's fires came too, and wait unanswered with its session asleep.
-        waiting = await eventually(lambda: _nonempty(fires("z6", suspended["z6"])), timeout=30)
+        async def fired_while_asleep() -> list[int] | None:
+            return await fires("z6", suspended["z6"]) or None
+
+        waiting = await eventually(fired_while_asleep, timeout=30)
         counts = await reply_counts(client, world.gateway_session("z6"))
         assert all(seq not in counts for seq in waiting), (waiting, counts)
         assert (await world.session("z6"))["status"]["phase"] == "Suspended"
         assert await _no_pods(world, "z6")
-
-
-async def _nonempty(found: Any) -> Any:
-    values = await found
-    return values or None
 
 
 def _readme_block() -> list[list[str]]:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 
 from shadowpod.client.gateway import GatewayClient
 from shadowpod.engine.record import MigrationPolicy, MigrationRecord, Phase
 from shadowpod.local.runtime import LocalRuntime
 from shadowpod.local.scenario import SESSION, LiveScenario, ScenarioReport
+from tests.agent.support import wait_for
 from tests.engine.conftest import hooked_engine
 
 
@@ -35,15 +35,13 @@ async def _crash(runtime: LocalRuntime, name: str) -> None:
     await runtime.kill(name)
 
 
-async def _until_nothing_outstanding(client: GatewayClient, timeout_s: float = 10.0) -> None:
+async def _until_nothing_outstanding(client: GatewayClient) -> None:
     """Until the owner has acked every message the gateway released to it."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        outstanding = (await client.status(SESSION)).outstanding
-        if outstanding == 0:
-            return
-        assert time.monotonic() < deadline, f"{outstanding} messages still not acked"
-        await asyncio.sleep(0.05)
+
+    async def acked_all() -> bool | None:
+        return (await client.status(SESSION)).outstanding == 0 or None
+
+    await wait_for(acked_all, "the owner's acks of every message released to it", 10.0)
 
 
 async def test_a_shadow_killed_after_the_epoch_bump_is_a_recovery_not_a_broken_invariant(

@@ -272,11 +272,14 @@ async def _measure(config: FanoutBenchConfig, source: Path | None, mode: str) ->
                     f"{gateway.url}/v1/sessions", json={"session": SESSION}, headers=control
                 ) as created:
                     agent_token = (await created.json())["agent_token"]
-                async with http.post(
-                    f"{gateway.url}/v1/sessions", json={"session": IDLE_SESSION}, headers=control
-                ) as idle:
-                    if idle.status != 201:
-                        raise RuntimeError(f"creating the idle session: {idle.status}")
+                if mode == "idle":
+                    async with http.post(
+                        f"{gateway.url}/v1/sessions",
+                        json={"session": IDLE_SESSION},
+                        headers=control,
+                    ) as idle:
+                        if idle.status != 201:
+                            raise RuntimeError(f"creating the idle session: {idle.status}")
                 async with http.put(
                     f"{gateway.url}/v1/sessions/{SESSION}/ownership",
                     json={"expect_epoch": 0, "epoch": 1, "owner": "bench-owner"},

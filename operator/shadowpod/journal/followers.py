@@ -146,8 +146,6 @@ class SessionTail:
         ``low`` (committed by another process) makes them read; else the poll goes on."""
         try:
             found = await self._read(low, 1)
-        except asyncio.CancelledError:
-            raise
         except Exception:  # noqa: BLE001 — each follower then meets it and says so
             found = None
         self._probing = None
